@@ -1,0 +1,23 @@
+"""Prefix caches: the radix tree, and a null cache for "off"."""
+
+from radixserve.cache.base import (
+    BasePrefixCache,
+    CacheInvariantError,
+    CacheStats,
+    Namespace,
+    PrefixMatch,
+)
+from radixserve.cache.null import NoPrefixCache
+from radixserve.cache.radix import RadixCache
+from radixserve.cache.tokens import encode_tokens
+
+__all__ = [
+    "BasePrefixCache",
+    "CacheInvariantError",
+    "CacheStats",
+    "Namespace",
+    "NoPrefixCache",
+    "PrefixMatch",
+    "RadixCache",
+    "encode_tokens",
+]

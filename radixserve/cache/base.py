@@ -1,0 +1,151 @@
+"""The prefix-cache interface shared by the radix tree, the block-hash index and "cache off".
+
+A prefix cache maps token-id prefixes to the KV slots that hold their keys and values, so a
+request whose prompt starts with a cached prefix skips computing it. Matches are exact and
+start at position 0 (RoPE bakes absolute positions into K), at page granularity.
+
+Ownership of slots: slots inside the cache belong to it and go back to the allocator only
+through ``evict`` or ``reset``. A caller that uses cached slots must hold a ``lock`` on the
+matched node for as long as it reads them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+Namespace = Hashable | None
+
+
+class CacheInvariantError(AssertionError):
+    """Raised by ``check_invariants`` when the cache's accounting is inconsistent."""
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The cached part of a query.
+
+    ``length`` is a multiple of the page size; ``slots[i]`` holds token ``i``'s KV for
+    ``i < length``; ``node`` is an opaque handle to pass to ``lock``/``unlock``.
+    """
+
+    length: int
+    slots: np.ndarray
+    node: object
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters since the last ``reset``; tokens are counted in prompt tokens queried."""
+
+    lookups: int = 0
+    hit_lookups: int = 0
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    inserted_tokens: int = 0
+    evicted_tokens: int = 0
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.hit_lookups / self.lookups if self.lookups else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            **asdict(self),
+            "token_hit_rate": self.token_hit_rate,
+            "request_hit_rate": self.request_hit_rate,
+        }
+
+
+class BasePrefixCache(ABC):
+    """Contracts every prefix cache keeps.
+
+    Sizes are in tokens. ``evictable_size + protected_size == total_size`` always holds:
+    a cached token is protected while any lock covers it and evictable otherwise.
+    """
+
+    page_size: int
+
+    @abstractmethod
+    def match_prefix(
+        self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None
+    ) -> PrefixMatch:
+        """Longest cached page-aligned prefix of ``tokens`` within ``namespace``.
+
+        A page matches only when all its tokens match. May restructure the index (split a
+        node at a page boundary) without changing what is cached; refreshes the recency of
+        the matched path. The handle is valid until the next eviction unless locked.
+        """
+
+    @abstractmethod
+    def insert(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        slots: Sequence[int] | np.ndarray,
+        namespace: Namespace = None,
+    ) -> int:
+        """Cache the page-aligned part of ``tokens`` whose KV lives in ``slots``.
+
+        Returns how many leading tokens were already cached: for those the cache keeps its
+        own slots and the caller still owns (and must free) the ones it passed. Slots of the
+        newly cached part pass to the cache; those of the unaligned tail stay the caller's.
+        Raises ``ValueError`` with the cache unchanged when ``len(slots) != len(tokens)`` or
+        the tokens are not non-negative ints.
+        """
+
+    @abstractmethod
+    def lock(self, node: object) -> None:
+        """Protect the path from the root to ``node`` from eviction (reference counted)."""
+
+    @abstractmethod
+    def unlock(self, node: object) -> None:
+        """Undo one ``lock``; raises ``ValueError`` when ``node`` holds no lock."""
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` cached tokens if that many are evictable.
+
+        Least recently used unlocked leaves go first; slots return to the allocator.
+        Returns the number of tokens freed (may exceed the request by part of a node).
+        """
+
+    @property
+    @abstractmethod
+    def evictable_size(self) -> int:
+        """Cached tokens no lock covers."""
+
+    @property
+    @abstractmethod
+    def protected_size(self) -> int:
+        """Cached tokens covered by at least one lock."""
+
+    @property
+    def total_size(self) -> int:
+        return self.evictable_size + self.protected_size
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop everything cached, returning its slots; refuses while any lock is held."""
+
+    @abstractmethod
+    def stats(self) -> CacheStats:
+        """Lookup and hit counters since the last reset."""
+
+    @abstractmethod
+    def check_invariants(self, slots_held_outside: int = 0) -> None:
+        """Verify the accounting; raises ``CacheInvariantError`` on the first violation.
+
+        ``slots_held_outside`` is the number of allocated slots the caller holds outside
+        the cache (running requests' own KV), needed to balance the allocator's books.
+        """
+
+    @abstractmethod
+    def pretty_print(self) -> str:
+        """Print (and return) a human-readable picture of what is cached."""

@@ -1,0 +1,353 @@
+"""The radix-tree prefix cache.
+
+Each namespace has its own root, so requests in different namespaces never share a node.
+Edges hold a whole number of pages; a node's children are keyed by their first page.
+
+Eviction keeps a persistent ordered map from ``last_access`` tick to node holding exactly
+the unlocked leaves, so the least recently used one pops in O(log n) and a parent joins it
+when its last child goes: there is no rescan of the tree per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from sortedcontainers import SortedDict
+
+from radixserve.cache.base import BasePrefixCache, CacheStats, Namespace, PrefixMatch
+from radixserve.cache.invariants import check_radix_invariants
+from radixserve.cache.tokens import TOKEN_BYTES, decode_tokens, encode_tokens
+from radixserve.cache.tree_node import TreeNode
+from radixserve.memory import KVSlotAllocator
+
+_EMPTY_SLOTS = np.empty(0, dtype=np.int64)
+
+
+class RadixCache(BasePrefixCache):
+    """Token-id radix tree over KV slots, with reference-counted locks and LRU eviction.
+
+    With an ``allocator`` the tree returns evicted slots to it; without one it runs in
+    simulation mode, where slots are plain ints (for scheduling analysis and simulators).
+    """
+
+    def __init__(self, page_size: int = 1, allocator: KVSlotAllocator | None = None) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if allocator is not None and allocator.page_size != page_size:
+            raise ValueError(
+                f"allocator pages hold {allocator.page_size} slots, the cache's {page_size}"
+            )
+        self.page_size = page_size
+        self.allocator = allocator
+        self._page_bytes = page_size * TOKEN_BYTES
+        self._clear()
+
+    # ---- queries -------------------------------------------------------------------------
+
+    @property
+    def evictable_size(self) -> int:
+        return self._evictable_size
+
+    @property
+    def protected_size(self) -> int:
+        return self._protected_size
+
+    @property
+    def num_evictable_leaves(self) -> int:
+        return len(self._lru)
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            lookups=self._lookups,
+            hit_lookups=self._hit_lookups,
+            queried_tokens=self._queried_tokens,
+            hit_tokens=self._hit_tokens,
+            inserted_tokens=self._inserted_tokens,
+            evicted_tokens=self._evicted_tokens,
+        )
+
+    # ---- lookups and inserts -------------------------------------------------------------
+
+    def match_prefix(
+        self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None
+    ) -> PrefixMatch:
+        key = encode_tokens(tokens)
+        path, matched = self._walk(key, namespace)
+        self._touch(path)
+        length = matched // TOKEN_BYTES
+        self._lookups += 1
+        self._queried_tokens += len(key) // TOKEN_BYTES
+        if length:
+            self._hit_lookups += 1
+            self._hit_tokens += length
+            slots = path[0].slots if len(path) == 1 else np.concatenate([n.slots for n in path])
+            return PrefixMatch(length, slots, path[-1])
+        return PrefixMatch(0, _EMPTY_SLOTS, self._roots.get(namespace, self._detached_root))
+
+    def insert(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        slots: Sequence[int] | np.ndarray,
+        namespace: Namespace = None,
+    ) -> int:
+        key = encode_tokens(tokens)
+        slots = self._check_slots(slots, len(key) // TOKEN_BYTES)
+        end = len(key) - len(key) % self._page_bytes
+        root = self._roots.get(namespace)
+        if root is None:
+            if end == 0:
+                return 0
+            root = self._roots[namespace] = TreeNode(b"", _EMPTY_SLOTS, None, namespace)
+        path, matched = self._walk(key[:end], namespace)
+        if matched < end:
+            parent = path[-1] if path else root
+            if self._is_evictable_leaf(parent):
+                del self._lru[parent.last_access]
+            leaf = TreeNode(
+                key[matched:end],
+                slots[matched // TOKEN_BYTES : end // TOKEN_BYTES].copy(),
+                parent,
+                namespace,
+            )
+            parent.children[leaf.key[: self._page_bytes]] = leaf
+            self._touch(path)
+            leaf.last_access = self._tick()
+            self._lru[leaf.last_access] = leaf
+            self._evictable_size += leaf.num_tokens
+            self._inserted_tokens += leaf.num_tokens
+        else:
+            self._touch(path)
+        return matched // TOKEN_BYTES
+
+    # ---- locks ---------------------------------------------------------------------------
+
+    def lock(self, node: object) -> None:
+        node = self._check_handle(node)
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                self._evictable_size -= node.num_tokens
+                self._protected_size += node.num_tokens
+                if not node.children:
+                    del self._lru[node.last_access]
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: object) -> None:
+        node = self._check_handle(node)
+        # A parent's count is never below its child's, so checking the deepest node suffices.
+        if node.parent is not None and node.lock_ref <= 0:
+            raise ValueError("unlock of a node that holds no lock")
+        while node.parent is not None:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._evictable_size += node.num_tokens
+                self._protected_size -= node.num_tokens
+                if not node.children:
+                    self._lru[node.last_access] = node
+            node = node.parent
+
+    # ---- eviction ------------------------------------------------------------------------
+
+    def evict(self, num_tokens: int) -> int:
+        freed = 0
+        freed_slots = []
+        while freed < num_tokens and self._lru:
+            _, leaf = self._lru.popitem(0)
+            parent = leaf.parent
+            del parent.children[leaf.key[: self._page_bytes]]
+            leaf.evicted = True
+            freed += leaf.num_tokens
+            freed_slots.append(leaf.slots)
+            if parent.parent is not None:
+                if not parent.children and parent.lock_ref == 0:
+                    self._lru[parent.last_access] = parent
+            elif not parent.children:
+                del self._roots[parent.namespace]
+        self._evictable_size -= freed
+        self._evicted_tokens += freed
+        if self.allocator is not None and freed_slots:
+            self.allocator.free(np.concatenate(freed_slots))
+        return freed
+
+    def reset(self) -> None:
+        if self._protected_size:
+            raise RuntimeError(
+                f"cannot reset the prefix cache while {self._protected_size} tokens are locked"
+            )
+        nodes = list(self._iter_nodes())
+        for node in nodes:
+            node.evicted = True
+        if self.allocator is not None and nodes:
+            self.allocator.free(np.concatenate([n.slots for n in nodes]))
+        self._clear()
+
+    def _clear(self) -> None:
+        self._roots: dict[Namespace, TreeNode] = {}
+        # A miss in a namespace with no root yet returns this; locking it is a no-op.
+        self._detached_root = TreeNode(b"", _EMPTY_SLOTS, None, None)
+        self._lru: SortedDict = SortedDict()  # last_access -> unlocked leaf
+        self._clock = 0
+        self._evictable_size = 0
+        self._protected_size = 0
+        self._lookups = 0
+        self._hit_lookups = 0
+        self._queried_tokens = 0
+        self._hit_tokens = 0
+        self._inserted_tokens = 0
+        self._evicted_tokens = 0
+
+    # ---- inspection ----------------------------------------------------------------------
+
+    def check_invariants(self, slots_held_outside: int = 0) -> None:
+        check_radix_invariants(self, slots_held_outside)
+
+    def pretty_print(self, max_tokens: int = 8) -> str:
+        lines = []
+
+        def visit(node: TreeNode, depth: int) -> None:
+            ids = decode_tokens(node.key[: max_tokens * TOKEN_BYTES])
+            more = " ..." if node.num_tokens > max_tokens else ""
+            lines.append(
+                f"{'  ' * depth}- {node.num_tokens} tokens {ids}{more} "
+                f"lock={node.lock_ref} t={node.last_access}"
+            )
+            for child in node.children.values():
+                visit(child, depth + 1)
+
+        for namespace, root in self._roots.items():
+            lines.append(f"namespace {namespace!r}")
+            for child in root.children.values():
+                visit(child, 1)
+        lines.append(
+            f"total={self.total_size} evictable={self.evictable_size} "
+            f"protected={self.protected_size}"
+        )
+        text = "\n".join(lines)
+        print(text)
+        return text
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _walk(self, key: bytes, namespace: Namespace) -> tuple[list[TreeNode], int]:
+        """Follow ``key`` from the namespace's root through whole matching pages.
+
+        Returns the nodes passed (the root excluded) and the matched length in bytes. When
+        the match ends inside an edge, that edge is split so the last node ends exactly there.
+        """
+        path: list[TreeNode] = []
+        node = self._roots.get(namespace)
+        if node is None:
+            return path, 0
+        pb = self._page_bytes
+        end = len(key) - len(key) % pb
+        pos = 0
+        while pos < end:
+            child = node.children.get(key[pos : pos + pb])
+            if child is None:
+                break
+            edge = child.key
+            if key.startswith(edge, pos):
+                pos += len(edge)
+            else:
+                matched = self._matching_bytes(key, pos, end, edge)
+                child = self._split(child, matched)
+                pos += matched
+                path.append(child)
+                break
+            path.append(child)
+            node = child
+        return path, pos
+
+    def _matching_bytes(self, key: bytes, pos: int, end: int, edge: bytes) -> int:
+        """Bytes of whole pages of ``edge`` that ``key[pos:end]`` matches; the first page is
+        known to match. A binary search over pages, each probe one ``memcmp``."""
+        pb = self._page_bytes
+        lo, hi = 1, min(len(edge), end - pos) // pb
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if key.startswith(edge[: mid * pb], pos):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo * pb
+
+    def _split(self, node: TreeNode, at: int) -> TreeNode:
+        """Cut ``node``'s edge ``at`` bytes in; returns the new upper node.
+
+        ``node`` keeps its identity (handles to it stay valid) and becomes the lower part.
+        """
+        upper = TreeNode(
+            node.key[:at],
+            node.slots[: at // TOKEN_BYTES],
+            node.parent,
+            node.namespace,
+            self._tick(),
+        )
+        upper.lock_ref = node.lock_ref
+        node.parent.children[upper.key[: self._page_bytes]] = upper
+        node.key = node.key[at:]
+        node.slots = node.slots[at // TOKEN_BYTES :]
+        node.parent = upper
+        upper.children[node.key[: self._page_bytes]] = node
+        return upper
+
+    def _touch(self, path: list[TreeNode]) -> None:
+        """Mark ``path`` as just used; deeper nodes get later ticks."""
+        if not path:
+            return
+        for node in path[:-1]:
+            self._clock += 1
+            node.last_access = self._clock
+        last = path[-1]
+        self._clock += 1
+        if self._is_evictable_leaf(last):
+            del self._lru[last.last_access]
+            self._lru[self._clock] = last
+        last.last_access = self._clock
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    @staticmethod
+    def _is_evictable_leaf(node: TreeNode) -> bool:
+        return node.lock_ref == 0 and not node.children and node.parent is not None
+
+    def _check_handle(self, node: object) -> TreeNode:
+        if not isinstance(node, TreeNode):
+            raise TypeError(f"expected a handle from match_prefix, got {type(node).__name__}")
+        if node.evicted:
+            raise ValueError("this node was evicted; lock handles before anything can evict")
+        return node
+
+    def _check_slots(self, slots: Sequence[int] | np.ndarray, num_tokens: int) -> np.ndarray:
+        arr = np.asarray(slots)
+        if arr.size == 0 and num_tokens == 0:
+            return _EMPTY_SLOTS
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError("slots must be a 1-D sequence of ints")
+        if arr.size != num_tokens:
+            raise ValueError(f"got {arr.size} slots for {num_tokens} tokens")
+        if arr.min() < 0:
+            raise ValueError("slots must be non-negative")
+        arr = arr.astype(np.int64, copy=False)
+        if self.allocator is not None:
+            end = num_tokens - num_tokens % self.page_size
+            self._check_whole_pages(arr[:end])
+        return arr
+
+    def _check_whole_pages(self, slots: np.ndarray) -> None:
+        if not self.allocator.is_allocated(slots):
+            raise ValueError("slots must be allocated by this cache's allocator")
+        pages = slots.reshape(-1, self.page_size)
+        if (pages[:, 0] % self.page_size).any() or (np.diff(pages, axis=1) != 1).any():
+            raise ValueError(f"slots must come in whole pages of {self.page_size}, in order")
+
+    def _iter_nodes(self):
+        """Every non-root node, parents before children."""
+        stack = [child for root in self._roots.values() for child in root.children.values()]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
