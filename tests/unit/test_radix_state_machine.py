@@ -1,0 +1,144 @@
+"""Drive RadixCache with random operations against a plain reference model.
+
+The reference is, per namespace, a map from every cached position ``i`` (keyed by the tokens
+through the end of its page) to its slot: the set of inserted sequences, page-aligned, with
+first-insert-wins slots.
+"""
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from radixserve.cache import RadixCache
+from radixserve.memory import KVSlotAllocator
+
+from .tree_utils import alloc_and_insert, cached_positions
+
+NAMESPACES = st.sampled_from([None, "a", "b"])
+TOKENS = st.lists(st.integers(0, 3), max_size=40)
+
+
+class RadixCacheMachine(RuleBasedStateMachine):
+    sequences = Bundle("sequences")
+
+    @initialize(page_size=st.sampled_from([1, 2, 4, 16]))
+    def setup(self, page_size):
+        self.page_size = page_size
+        self.cache = RadixCache(page_size, KVSlotAllocator(256 * page_size, page_size))
+        self.ref: dict[tuple, int] = {}
+        self.locked: list[tuple] = []  # (namespace, tokens, length, slots, node)
+
+    # ---- the reference ---------------------------------------------------------------
+
+    def ref_match(self, tokens, namespace) -> list[int]:
+        slots = []
+        for i in range(len(tokens) - len(tokens) % self.page_size):
+            slot = self.ref.get(self.ref_key(tokens, namespace, i))
+            if slot is None:
+                break
+            slots.append(slot)
+        return slots[: len(slots) - len(slots) % self.page_size]
+
+    def ref_key(self, tokens, namespace, i) -> tuple:
+        return (namespace, tuple(tokens[: (i // self.page_size + 1) * self.page_size]), i)
+
+    # ---- rules -------------------------------------------------------------------------
+
+    @rule(target=sequences, tokens=TOKENS, namespace=NAMESPACES)
+    def insert(self, tokens, namespace):
+        return self._insert(tokens, namespace)
+
+    @rule(target=sequences, base=sequences, tail=TOKENS, cut=st.integers(0, 40))
+    def insert_branch(self, base, tail, cut):
+        tokens, namespace = base
+        return self._insert(tokens[:cut] + tail, namespace)
+
+    def _insert(self, tokens, namespace):
+        needed = self.cache.allocator.slots_needed(len(tokens))
+        short = needed - self.cache.allocator.num_free
+        if short > 0:
+            self.cache.evict(short)
+            self.ref = cached_positions(self.cache)
+        if self.cache.allocator.num_free < needed:
+            return (tokens, namespace)
+        expected = len(self.ref_match(tokens, namespace))
+        cached, slots = alloc_and_insert(self.cache, tokens, namespace)
+        assert cached == expected
+        aligned = len(tokens) - len(tokens) % self.page_size
+        for i in range(cached, aligned):
+            self.ref[self.ref_key(tokens, namespace, i)] = int(slots[i])
+        return (tokens, namespace)
+
+    @rule(item=sequences, extra=TOKENS, other_namespace=NAMESPACES)
+    def match(self, item, extra, other_namespace):
+        tokens, namespace = item
+        for query, ns in ((tokens + extra, namespace), (tokens, other_namespace)):
+            m = self.cache.match_prefix(query, ns)
+            assert m.slots.tolist() == self.ref_match(query, ns)
+            assert m.length == len(m.slots)
+
+    @rule(item=sequences, cut=st.integers(0, 40))
+    def lock(self, item, cut):
+        tokens, namespace = item
+        m = self.cache.match_prefix(tokens[:cut], namespace)
+        self.cache.lock(m.node)
+        self.locked.append((namespace, tokens[:cut], m.length, m.slots.tolist(), m.node))
+
+    @precondition(lambda self: self.locked)
+    @rule(index=st.integers(0, 100))
+    def unlock(self, index):
+        *_, node = self.locked.pop(index % len(self.locked))
+        self.cache.unlock(node)
+
+    @rule(num_tokens=st.integers(0, 200))
+    def evict(self, num_tokens):
+        before = cached_positions(self.cache)
+        evictable = self.cache.evictable_size
+        free_before = self.cache.allocator.num_free
+        freed = self.cache.evict(num_tokens)
+        assert min(num_tokens, evictable) <= freed <= evictable
+        assert self.cache.allocator.num_free == free_before + freed
+        after = cached_positions(self.cache)
+        assert after.items() <= before.items()
+        assert len(before) - len(after) == freed
+        self.ref = after
+
+    @rule()
+    def reset(self):
+        if any(length for _, _, length, _, _ in self.locked):
+            try:
+                self.cache.reset()
+            except RuntimeError:
+                return
+            raise AssertionError("reset succeeded while cached tokens were locked")
+        self.cache.reset()
+        self.ref = {}
+        self.locked = []
+
+    # ---- checked after every step -------------------------------------------------------
+
+    @invariant()
+    def accounting_holds(self):
+        self.cache.check_invariants()
+        assert cached_positions(self.cache) == self.ref
+
+    @invariant()
+    def locked_prefixes_stay_cached(self):
+        for namespace, tokens, length, slots, _ in self.locked:
+            assert self.ref_match(tokens, namespace)[:length] == slots
+
+
+RadixCacheMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestRadixCacheMachine = RadixCacheMachine.TestCase
