@@ -73,7 +73,7 @@ class RadixCache(BasePrefixCache):
         self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None
     ) -> PrefixMatch:
         key = encode_tokens(tokens)
-        path, matched = self._walk(key, namespace)
+        path, matched = self._walk_and_split(key, namespace)
         self._touch(path)
         length = matched // TOKEN_BYTES
         self._lookups += 1
@@ -94,22 +94,22 @@ class RadixCache(BasePrefixCache):
         key = encode_tokens(tokens)
         slots = self._check_slots(slots, len(key) // TOKEN_BYTES)
         end = len(key) - len(key) % self._page_bytes
-        root = self._roots.get(namespace)
-        if root is None:
-            if end == 0:
-                return 0
-            root = self._roots[namespace] = TreeNode(b"", _EMPTY_SLOTS, None, namespace)
-        path, matched = self._walk(key[:end], namespace)
+        path, matched, partial = self._walk(key[:end], namespace)
+        if matched < end:
+            # Only the slots the tree adopts need to be sound; check them before any change.
+            new_slots = slots[matched // TOKEN_BYTES : end // TOKEN_BYTES]
+            if self.allocator is not None:
+                self._check_whole_pages(new_slots)
+            root = self._roots.get(namespace)
+            if root is None:
+                root = self._roots[namespace] = TreeNode(b"", _EMPTY_SLOTS, None, namespace)
+        if partial is not None:
+            path.append(self._split(*partial))
         if matched < end:
             parent = path[-1] if path else root
             if self._is_evictable_leaf(parent):
                 del self._lru[parent.last_access]
-            leaf = TreeNode(
-                key[matched:end],
-                slots[matched // TOKEN_BYTES : end // TOKEN_BYTES].copy(),
-                parent,
-                namespace,
-            )
+            leaf = TreeNode(key[matched:end], new_slots.copy(), parent, namespace)
             parent.children[leaf.key[: self._page_bytes]] = leaf
             self._touch(path)
             leaf.last_access = self._tick()
@@ -229,16 +229,19 @@ class RadixCache(BasePrefixCache):
 
     # ---- internals -----------------------------------------------------------------------
 
-    def _walk(self, key: bytes, namespace: Namespace) -> tuple[list[TreeNode], int]:
-        """Follow ``key`` from the namespace's root through whole matching pages.
+    def _walk(
+        self, key: bytes, namespace: Namespace
+    ) -> tuple[list[TreeNode], int, tuple[TreeNode, int] | None]:
+        """Follow ``key`` from the namespace's root through whole matching pages; changes
+        nothing.
 
-        Returns the nodes passed (the root excluded) and the matched length in bytes. When
-        the match ends inside an edge, that edge is split so the last node ends exactly there.
+        Returns the nodes fully matched (the root excluded), the matched length in bytes, and,
+        when the match ends inside an edge, that edge's node with the bytes of it matched.
         """
         path: list[TreeNode] = []
         node = self._roots.get(namespace)
         if node is None:
-            return path, 0
+            return path, 0, None
         pb = self._page_bytes
         end = len(key) - len(key) % pb
         pos = 0
@@ -247,17 +250,20 @@ class RadixCache(BasePrefixCache):
             if child is None:
                 break
             edge = child.key
-            if key.startswith(edge, pos):
-                pos += len(edge)
-            else:
+            if not key.startswith(edge, pos):
                 matched = self._matching_bytes(key, pos, end, edge)
-                child = self._split(child, matched)
-                pos += matched
-                path.append(child)
-                break
+                return path, pos + matched, (child, matched)
+            pos += len(edge)
             path.append(child)
             node = child
-        return path, pos
+        return path, pos, None
+
+    def _walk_and_split(self, key: bytes, namespace: Namespace) -> tuple[list[TreeNode], int]:
+        """``_walk``, then split a partly matched edge so the path ends exactly at the match."""
+        path, matched, partial = self._walk(key, namespace)
+        if partial is not None:
+            path.append(self._split(*partial))
+        return path, matched
 
     def _matching_bytes(self, key: bytes, pos: int, end: int, edge: bytes) -> int:
         """Bytes of whole pages of ``edge`` that ``key[pos:end]`` matches; the first page is
@@ -331,15 +337,13 @@ class RadixCache(BasePrefixCache):
             raise ValueError(f"got {arr.size} slots for {num_tokens} tokens")
         if arr.min() < 0:
             raise ValueError("slots must be non-negative")
-        arr = arr.astype(np.int64, copy=False)
-        if self.allocator is not None:
-            end = num_tokens - num_tokens % self.page_size
-            self._check_whole_pages(arr[:end])
-        return arr
+        return arr.astype(np.int64, copy=False)
 
     def _check_whole_pages(self, slots: np.ndarray) -> None:
         if not self.allocator.is_allocated(slots):
             raise ValueError("slots must be allocated by this cache's allocator")
+        if self.page_size == 1:
+            return
         pages = slots.reshape(-1, self.page_size)
         if (pages[:, 0] % self.page_size).any() or (np.diff(pages, axis=1) != 1).any():
             raise ValueError(f"slots must come in whole pages of {self.page_size}, in order")

@@ -25,7 +25,12 @@ def encode_tokens(tokens: Sequence[int] | np.ndarray) -> bytes:
         return b""
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise ValueError(f"token ids must be a 1-D sequence of ints, got {arr.dtype} {arr.shape}")
-    if arr.min() < 0 or arr.max() > _MAX_TOKEN_ID:
+    if arr.dtype == np.int32:
+        # One reduction: negative int32 ids read as uint32 exceed the largest valid id.
+        out_of_range = arr.view(np.uint32).max() > _MAX_TOKEN_ID
+    else:
+        out_of_range = arr.min() < 0 or arr.max() > _MAX_TOKEN_ID
+    if out_of_range:
         raise ValueError(f"token ids must lie in [0, {_MAX_TOKEN_ID}]")
     return arr.astype(np.int32, copy=False).tobytes()
 

@@ -74,12 +74,13 @@ class KVSlotAllocator:
     def free(self, slots: np.ndarray | list[int]) -> None:
         """Return the pages that ``slots`` lie in to the free pool.
 
-        Raises ``ValueError`` and frees nothing when a slot is out of range or its page is not
-        allocated.
+        Raises ``ValueError`` and frees nothing when a slot is out of range or listed twice,
+        or its page is not allocated.
         """
-        pages = self._pages_of(slots)
-        if pages.size == 0:
-            return
+        slots = self._checked(slots)
+        if np.unique(slots).size != slots.size:
+            raise ValueError("the same slot is listed twice")
+        pages = np.unique(slots // self.page_size)
         if not self._allocated[pages].all():
             bad = pages[~self._allocated[pages]][:8].tolist()
             raise ValueError(f"freeing pages that are not allocated: {bad}")
@@ -91,10 +92,10 @@ class KVSlotAllocator:
     def is_allocated(self, slots: np.ndarray | list[int]) -> bool:
         """True when every slot lies in range and in an allocated page."""
         try:
-            pages = self._pages_of(slots)
+            slots = self._checked(slots)
         except ValueError:
             return False
-        return bool(self._allocated[pages].all())
+        return bool(self._allocated[slots // self.page_size].all())
 
     def pages_to_slots(self, pages: np.ndarray) -> np.ndarray:
         return (pages[:, None] * self.page_size + self._page_offsets).reshape(-1)
@@ -106,7 +107,7 @@ class KVSlotAllocator:
         self._num_free_pages = self.num_pages
         self._allocated = np.zeros(self.num_pages, dtype=bool)
 
-    def _pages_of(self, slots: np.ndarray | list[int]) -> np.ndarray:
+    def _checked(self, slots: np.ndarray | list[int]) -> np.ndarray:
         slots = np.asarray(slots)
         if slots.size == 0:
             return np.empty(0, dtype=np.int64)
@@ -114,6 +115,4 @@ class KVSlotAllocator:
             raise ValueError("slots must be a 1-D sequence of integers")
         if slots.min() < 0 or slots.max() >= self.capacity:
             raise ValueError(f"slot out of range [0, {self.capacity})")
-        if np.unique(slots).size != slots.size:
-            raise ValueError("the same slot is listed twice")
-        return np.unique(slots // self.page_size)
+        return slots

@@ -207,7 +207,6 @@ def test_miss_handle_can_be_locked_as_a_no_op():
         ([True, False, True], [0, 1, 2]),
         ([1, 2, 3], [0, -1, 2]),
         ([1, 2, 3], [100, 101, 102]),  # not allocated
-        ([1, 2, 3], [0, 1, 1]),  # twice
         ([1, 2, 3], [0.5, 1, 2]),
     ],
 )
@@ -311,6 +310,14 @@ def test_check_invariants_catches_corruption():
     node.lock_ref = 1  # behind the cache's back
     with pytest.raises(CacheInvariantError):
         cache.check_invariants(slots_held_outside=2)
+
+
+def test_check_invariants_catches_a_slot_cached_twice():
+    cache = make_cache(1)
+    slots = cache.allocator.alloc(2)
+    cache.insert([1, 2, 3], [slots[0], slots[1], slots[1]])
+    with pytest.raises(CacheInvariantError, match="twice"):
+        cache.check_invariants()
 
 
 def test_allocator_page_size_must_match():

@@ -1,0 +1,32 @@
+"""Tables, JSON and plots for benchmark rows (lists of flat dicts)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def print_table(title: str, rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> None:
+    """``columns`` are (row key, header) pairs; floats print with one decimal."""
+    table = Table(title=title)
+    for _, header in columns:
+        table.add_column(header, justify="right")
+    for row in rows:
+        table.add_row(*(_fmt(row.get(key, "")) for key, _ in columns))
+    Console().print(table)
+
+
+def write_json(path: str | Path, payload: object) -> None:
+    Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)

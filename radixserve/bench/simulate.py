@@ -1,0 +1,35 @@
+"""Serving a request against the cache alone, with no model: what the scheduler does to the
+tree and the allocator for one request, for simulators, demos and benchmarks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radixserve.cache import RadixCache
+
+
+def serve_without_model(cache: RadixCache, prompt: np.ndarray, output: np.ndarray) -> int:
+    """Match ``prompt``, take slots for the rest of prompt + output, cache the whole sequence
+    and release what the tree did not adopt. Returns the prompt tokens that hit the cache.
+
+    Evicts when short of slots; raises ``OutOfSlots`` if locked prefixes leave too little.
+    """
+    alloc = cache.allocator
+    hit = cache.match_prefix(prompt)
+    cache.lock(hit.node)
+    try:
+        sequence = np.concatenate([prompt, output])
+        needed = alloc.slots_needed(len(sequence) - hit.length)
+        if needed > alloc.num_free:
+            cache.evict(needed - alloc.num_free)
+        fresh = alloc.alloc(len(sequence) - hit.length)
+    finally:
+        cache.unlock(hit.node)
+    # Slot regions: [0, hit) the tree's, [hit, len) freshly computed, then page padding.
+    slots = np.concatenate([hit.slots, fresh])
+    already = cache.insert(sequence, slots[: len(sequence)])
+    aligned = len(sequence) - len(sequence) % cache.page_size
+    # Nothing evicted between match and insert, so `already == hit.length` unless the
+    # output itself was cached before; duplicates and the unaligned tail go back.
+    alloc.free(np.concatenate([slots[hit.length : already], slots[aligned:]]))
+    return hit.length

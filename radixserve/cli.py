@@ -1,0 +1,108 @@
+"""The ``radixserve`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _cache_demo(args: argparse.Namespace) -> int:
+    from radixserve.bench.cache_demo import print_demo, run_demo
+    from radixserve.bench.workloads import MultiTurnChat
+
+    workload = MultiTurnChat(
+        num_system_prompts=args.system_prompts,
+        system_prompt_len=args.system_prompt_len,
+        num_conversations=args.conversations,
+        turns=args.turns,
+        seed=args.seed,
+    )
+    result = run_demo(workload, args.page_size, args.capacity)
+    print_demo(workload, args.page_size, result)
+    return 0
+
+
+def _bench_cache(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from radixserve.bench.cache_bench import CacheBenchConfig, num_steps, run_cache_bench
+    from radixserve.bench.report import print_table, write_json
+
+    cfg = CacheBenchConfig(page_sizes=tuple(args.page_sizes), seed=args.seed)
+    if args.quick:
+        cfg = CacheBenchConfig(
+            page_sizes=cfg.page_sizes,
+            tree_sizes=(10_000,),
+            hit_lens=(128, 1024),
+            include_peer_shape=False,
+            queries=50,
+            rounds=1,
+            evict_leaves=2000,
+            evictions=200,
+            seed=args.seed,
+        )
+    with Progress(transient=True) as progress:
+        task = progress.add_task("bench cache", total=num_steps(cfg))
+
+        def step(label: str) -> None:
+            progress.update(task, advance=1, description=label)
+
+        rows = run_cache_bench(cfg, step)
+    columns = [
+        ("page_size", "page"),
+        ("tree_tokens", "cached tokens"),
+        ("hit_len", "tokens/op"),
+        ("op", "op"),
+        ("p50_us", "p50 µs"),
+        ("p99_us", "p99 µs"),
+    ]
+    print_table("radix tree latency (best of rounds)", rows, columns)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), "rows": rows})
+    if args.plot:
+        try:
+            from radixserve.bench.plots import plot_cache_bench
+        except ImportError:
+            print("plotting needs matplotlib: pip install 'radixserve[bench]'", file=sys.stderr)
+            return 1
+        plot_cache_bench(rows, args.plot)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("cache-demo", help="a multi-turn chat workload through the tree")
+    demo.add_argument("--page-size", type=int, default=16)
+    demo.add_argument("--system-prompts", type=int, default=4)
+    demo.add_argument("--system-prompt-len", type=int, default=1024)
+    demo.add_argument("--conversations", type=int, default=64)
+    demo.add_argument("--turns", type=int, default=4)
+    demo.add_argument("--capacity", type=int, default=None, help="KV slots (default: all)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=_cache_demo)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    cache = bench.add_parser("cache", help="match/insert/evict latency of the radix tree")
+    cache.add_argument("--page-sizes", type=int, nargs="+", default=[1, 16])
+    cache.add_argument("--quick", action="store_true", help="a small grid, for smoke tests")
+    cache.add_argument("--json", help="write the rows to this file")
+    cache.add_argument("--plot", help="write a PNG chart to this file")
+    cache.add_argument("--seed", type=int, default=0)
+    cache.set_defaults(func=_bench_cache)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as exc:
+        print(f"radixserve: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+import json
+
+import numpy as np
+import pytest
+
+from radixserve.bench.cache_bench import CacheBenchConfig, TreeShape, run_cache_bench
+from radixserve.bench.cache_demo import run_demo
+from radixserve.bench.simulate import serve_without_model
+from radixserve.bench.workloads import MultiTurnChat
+from radixserve.cache import RadixCache
+from radixserve.cli import main
+from radixserve.memory import KVSlotAllocator
+
+SMALL = MultiTurnChat(
+    num_system_prompts=2, system_prompt_len=64, num_conversations=6, turns=3, seed=3
+)
+
+
+def test_workload_is_seeded_and_each_turn_extends_the_last():
+    first = list(SMALL.requests())
+    again = list(SMALL.requests())
+    assert len(first) == SMALL.num_requests == 18
+    assert all(np.array_equal(a.prompt, b.prompt) for a, b in zip(first, again, strict=True))
+    last_sequence = {}
+    for req in first:
+        if req.conversation in last_sequence:
+            prev = last_sequence[req.conversation]
+            assert np.array_equal(req.prompt[: len(prev)], prev)
+        last_sequence[req.conversation] = req.sequence
+
+
+def test_serving_without_a_model_hits_the_previous_turn():
+    cache = RadixCache(4, KVSlotAllocator(4096, 4))
+    reqs = list(SMALL.requests())
+    hits = {}
+    for req in reqs:
+        hits[(req.conversation, req.turn)] = serve_without_model(cache, req.prompt, req.output)
+        cache.check_invariants()
+    for req in reqs:
+        if req.turn > 0:
+            previous = len(req.prompt) - SMALL.user_len
+            assert hits[(req.conversation, req.turn)] == previous - previous % 4
+
+
+def test_serving_under_memory_pressure_evicts_and_balances():
+    cache = RadixCache(4, KVSlotAllocator(1024, 4))
+    for req in SMALL.requests():
+        serve_without_model(cache, req.prompt, req.output)
+        cache.check_invariants()
+    assert cache.stats().evicted_tokens > 0
+
+
+def test_demo_reaches_the_optimal_hit_rate_when_pages_align():
+    result = run_demo(SMALL, page_size=16, capacity=None, progress=False)
+    assert result.hit_tokens == result.optimal_hit_tokens > 0
+    assert result.evicted_tokens == 0
+    assert 0 < result.memory_saved < 1
+
+
+def test_demo_with_little_memory_evicts_and_hits_less():
+    roomy = run_demo(SMALL, page_size=16, capacity=None, progress=False)
+    tight = run_demo(SMALL, page_size=16, capacity=512, progress=False)
+    assert tight.evicted_tokens > 0
+    assert tight.hit_tokens < roomy.hit_tokens
+
+
+def test_cache_demo_command(capsys):
+    assert main(["cache-demo", "--conversations", "4", "--turns", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "token hit rate" in out and "saved" in out
+
+
+def test_tree_shapes_hit_what_they_promise():
+    shape = TreeShape.for_sizes(100_000, 4096)
+    assert shape.hit_len == 4096
+    assert 0.8 * 100_000 <= shape.tree_tokens <= 100_000
+    assert TreeShape.for_sizes(10_000, 32768) is None
+
+
+def test_cache_bench_rows(tmp_path):
+    cfg = CacheBenchConfig(
+        page_sizes=(1, 16),
+        tree_sizes=(10_000,),
+        hit_lens=(256,),
+        include_peer_shape=False,
+        queries=20,
+        rounds=2,
+        evict_leaves=400,
+        evictions=50,
+    )
+    rows = run_cache_bench(cfg)
+    assert [(r["page_size"], r["op"]) for r in rows] == [
+        (1, "match"),
+        (1, "insert"),
+        (1, "evict leaf"),
+        (16, "match"),
+        (16, "insert"),
+        (16, "evict leaf"),
+    ]
+    for row in rows:
+        assert 0 < row["p50_us"] <= row["p99_us"]
+    assert rows[2]["leaves"] == 400
+
+
+def test_bench_cache_command_writes_json(tmp_path, capsys):
+    out = tmp_path / "cache.json"
+    assert main(["bench", "cache", "--quick", "--page-sizes", "16", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["op"] for r in rows} == {"match", "insert", "evict leaf"}
+    assert "p50" in capsys.readouterr().out
+
+
+def test_bad_arguments_fail_cleanly(capsys):
+    assert main(["cache-demo", "--turns", "0"]) == 2
+    assert "turns must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["no-such-command"])
