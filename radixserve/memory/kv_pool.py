@@ -1,0 +1,47 @@
+"""The K/V tensors of every layer, indexed by slot.
+
+Layer ``l``'s keys are one tensor ``[num_slots, kv_heads, head_dim]``; because slots come in
+whole pages, the same storage is viewable as ``[num_pages, page_size, kv_heads, head_dim]``,
+the layout paged kernels (FlashInfer's "NHD") read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_slots % page_size:
+            raise ValueError(f"num_slots {num_slots} is not a multiple of page_size {page_size}")
+        self.num_slots = num_slots
+        self.page_size = page_size
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_slot(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store new tokens' K/V (``[num_tokens, kv_heads, head_dim]``) at ``slots``."""
+        self.k[layer][slots] = k
+        self.v[layer][slots] = v
+
+    def pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s K and V as ``[num_pages, page_size, kv_heads, head_dim]`` views."""
+        k, v = self.k[layer], self.v[layer]
+        shape = (self.num_slots // self.page_size, self.page_size, *k.shape[1:])
+        return k.view(shape), v.view(shape)
