@@ -70,6 +70,14 @@ def _bench_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_preset(args: argparse.Namespace) -> int:
+    from radixserve.model.presets import export_preset
+
+    out = export_preset(args.name, args.directory)
+    print(f"wrote preset {args.name!r} to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--capacity", type=int, default=None, help="KV slots (default: all)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_cache_demo)
+
+    export = sub.add_parser("export-preset", help="write a built-in model as a HF directory")
+    export.add_argument("name", help="tiny or bench-135m")
+    export.add_argument("directory")
+    export.set_defaults(func=_export_preset)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     cache = bench.add_parser("cache", help="match/insert/evict latency of the radix tree")
