@@ -70,6 +70,43 @@ def _bench_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_model(args: argparse.Namespace) -> int:
+    import torch
+    from rich.progress import Progress
+
+    from radixserve.bench.model_bench import ModelBenchConfig, num_steps, run_model_bench
+    from radixserve.bench.report import print_table, write_json
+
+    cfg = ModelBenchConfig(preset=args.model, dtypes=tuple(args.dtypes))
+    if args.quick:
+        cfg = ModelBenchConfig(
+            preset=args.model,
+            dtypes=tuple(args.dtypes),
+            prefill_lens=(64,),
+            decode_batches=(1, 4),
+            context=64,
+            decode_steps=2,
+            reps=1,
+        )
+    with Progress(transient=True) as progress:
+        task = progress.add_task("bench model", total=num_steps(cfg))
+        rows = run_model_bench(
+            cfg, lambda label: progress.update(task, advance=1, description=label)
+        )
+    columns = [
+        ("dtype", "dtype"),
+        ("case", "case"),
+        ("ours_tok_s", "radixserve tok/s"),
+        ("transformers_tok_s", "transformers tok/s"),
+        ("ratio", "ratio"),
+    ]
+    title = f"{cfg.preset}: forward throughput, {torch.get_num_threads()} threads"
+    print_table(title, rows, columns)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), "rows": rows})
+    return 0
+
+
 def _export_preset(args: argparse.Namespace) -> int:
     from radixserve.model.presets import export_preset
 
@@ -105,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--plot", help="write a PNG chart to this file")
     cache.add_argument("--seed", type=int, default=0)
     cache.set_defaults(func=_bench_cache)
+    model = bench.add_parser("model", help="forward throughput against transformers")
+    model.add_argument("--model", default="bench-135m", help="a preset")
+    model.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    model.add_argument("--quick", action="store_true", help="small shapes, for smoke tests")
+    model.add_argument("--json", help="write the rows to this file")
+    model.set_defaults(func=_bench_model)
     return parser
 
 

@@ -1,9 +1,11 @@
 """The reference attention backend: plain torch on any device.
 
-Gathers each request's K/V from the pool by slot into a padded ``[batch, max_seq_len]`` block
-and runs one ``scaled_dot_product_attention`` for the whole batch with an explicit mask:
-bottom-right causal within each request, padding masked out. (``is_causal=True`` would align
-the triangle top-left, wrong for an extend over a cached prefix.)
+Gathers each request's K/V from the pool by slot into a padded ``[batch, max_seq, kv_heads,
+head_dim]`` block (one ``index_select`` of whole slot rows per tensor) and attends the whole
+batch at once. Extends use ``scaled_dot_product_attention`` with an explicit mask:
+bottom-right causal within each request, padding masked out (``is_causal=True`` would align
+the triangle top-left, wrong over a cached prefix). Decode batches, one query per request,
+mask only the padding. GQA is left to SDPA's ``enable_gqa``: no copy of K/V per query head.
 """
 
 from __future__ import annotations
@@ -21,10 +23,19 @@ _SDPA_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5
 
 @dataclass(frozen=True)
 class TorchAttentionMetadata:
-    q_index: torch.Tensor  # [B, max_q] token index of each padded query row
-    q_valid: torch.Tensor  # [B, max_q] bool
-    kv_slots: torch.Tensor  # [B, max_kv] slot of each padded key position
-    mask: torch.Tensor | None  # [B, 1, max_q, max_kv] bool, True = attend; None = plain causal
+    kv_slots: torch.Tensor  # [B * max_kv] slot of each padded key position
+    max_kv: int
+    decode: bool
+    # bool, True = attend. Decode: [B, 1, 1, max_kv], None when nothing is padded.
+    # Extend: [B, 1, max_q, max_kv], None for a single prefill (plain causal).
+    mask: torch.Tensor | None
+    q_index: torch.Tensor | None  # extend: [B, max_q] token index of each padded query row
+    q_valid: torch.Tensor | None  # extend: [B, max_q] bool
+
+    @property
+    def causal(self) -> bool:
+        """A lone prefill from position 0: SDPA's own (top-left) causal mask is right there."""
+        return self.mask is None and not self.decode
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -34,49 +45,61 @@ class TorchAttentionBackend(AttentionBackend):
         device = batch.input_ids.device
         ext = torch.tensor(batch.extend_lens, device=device)
         seq = torch.tensor(batch.seq_lens, device=device)
+        kv_start = torch.cumsum(seq, 0) - seq
+        max_kv = int(seq.max())
+        j = torch.arange(max_kv, device=device)
+        kv_valid = j[None, :] < seq[:, None]
+        positions = torch.where(kv_valid, kv_start[:, None] + j[None, :], kv_start[:, None])
+        kv_slots = batch.kv_slots[positions].reshape(-1)
+
+        if batch.is_decode:
+            # A single query per request sees its whole context: only padding is masked.
+            mask = None if bool(kv_valid.all()) else kv_valid[:, None, None, :]
+            batch.attn_metadata = TorchAttentionMetadata(kv_slots, max_kv, True, mask, None, None)
+            return
+
         prefix = seq - ext
         q_start = torch.cumsum(ext, 0) - ext
-        kv_start = torch.cumsum(seq, 0) - seq
         i = torch.arange(int(ext.max()), device=device)
-        j = torch.arange(int(seq.max()), device=device)
-
         q_valid = i[None, :] < ext[:, None]
         q_index = torch.where(q_valid, q_start[:, None] + i[None, :], 0)
-        kv_valid = j[None, :] < seq[:, None]
-        kv_slots = batch.kv_slots[torch.where(kv_valid, kv_start[:, None] + j[None, :], 0)]
-
-        single_prefill = batch.batch_size == 1 and batch.prefix_lens[0] == 0
         mask = None
-        if not single_prefill:
+        if not (batch.batch_size == 1 and batch.prefix_lens[0] == 0):
             # query i of request b sits at position prefix[b] + i and sees keys 0 .. that.
             visible = j[None, None, :] <= (prefix[:, None] + i[None, :])[:, :, None]
             mask = visible & kv_valid[:, None, :]
             # Padding rows attend to key 0 only, so softmax never sees an all-masked row.
             mask |= (~q_valid)[:, :, None] & (j == 0)[None, None, :]
             mask = mask[:, None]
-        batch.attn_metadata = TorchAttentionMetadata(q_index, q_valid, kv_slots, mask)
+        batch.attn_metadata = TorchAttentionMetadata(
+            kv_slots, max_kv, False, mask, q_index, q_valid
+        )
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         meta: TorchAttentionMetadata = batch.attn_metadata
         self.kv_pool.write(layer, batch.out_slots, k, v)
-        # [B, L, H, D] -> [B, H, L, D]
-        qb = q[meta.q_index].transpose(1, 2)
-        kb = self.kv_pool.k[layer][meta.kv_slots].transpose(1, 2)
-        vb = self.kv_pool.v[layer][meta.kv_slots].transpose(1, 2)
-        kwargs = {"enable_gqa": True}
-        if not _SDPA_HAS_GQA:
-            group = self.num_heads // self.num_kv_heads
-            kb, vb = kb.repeat_interleave(group, 1), vb.repeat_interleave(group, 1)
-            kwargs = {}
+        b, hkv, d = batch.batch_size, self.num_kv_heads, self.head_dim
+        # kb, vb: [B, max_kv, kv_heads, head_dim]
+        kb = self._gather(self.kv_pool.k[layer], meta).view(b, meta.max_kv, hkv, d)
+        vb = self._gather(self.kv_pool.v[layer], meta).view(b, meta.max_kv, hkv, d)
+        if meta.decode:
+            qb = q.view(b, 1, self.num_heads, d).transpose(1, 2)  # [B, heads, 1, D]
+        else:
+            qb = q[meta.q_index].transpose(1, 2)  # [B, heads, max_q, D]
+        kb, vb = kb.transpose(1, 2), vb.transpose(1, 2)  # [B, kv_heads, max_kv, D]
+        if _SDPA_HAS_GQA:
+            gqa = {"enable_gqa": True}
+        else:
+            group = self.num_heads // hkv
+            kb, vb, gqa = kb.repeat_interleave(group, 1), vb.repeat_interleave(group, 1), {}
         out = F.scaled_dot_product_attention(
-            qb,
-            kb,
-            vb,
-            attn_mask=meta.mask,
-            is_causal=meta.mask is None,
-            scale=self.scale,
-            **kwargs,
+            qb, kb, vb, attn_mask=meta.mask, is_causal=meta.causal, scale=self.scale, **gqa
         )
+        if meta.decode:
+            return out.view(b, self.num_heads, d)
         return out.transpose(1, 2)[meta.q_valid]
+
+    def _gather(self, pool: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
+        return torch.index_select(pool, 0, meta.kv_slots)

@@ -26,7 +26,7 @@ def write_json(path: str | Path, payload: object) -> None:
 
 def _fmt(value: object) -> str:
     if isinstance(value, float):
-        return f"{value:.1f}"
+        return f"{value:.2f}" if abs(value) < 10 else f"{value:,.1f}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)

@@ -37,6 +37,18 @@ def reference(q, pool, layer, batch, scale, group):
     seed=st.integers(0, 2**16),
 )
 def test_torch_backend_matches_reference(lens, kv_heads, group, head_dim, dtype, seed):
+    check_against_reference(lens, kv_heads, group, head_dim, dtype, seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "lens", [[(10, 1), (3, 1), (0, 1)], [(7, 1), (7, 1)]], ids=["ragged", "even"]
+)
+def test_decode_batches(lens, dtype):
+    check_against_reference(lens, kv_heads=3, group=3, head_dim=16, dtype=dtype, seed=1)
+
+
+def check_against_reference(lens, kv_heads, group, head_dim, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     total = sum(p + e for p, e in lens)

@@ -1,0 +1,193 @@
+"""``radixserve bench model``: our forward over the paged pool against transformers' forward.
+
+Both run the same weights in the same process, alternating call by call so machine drift
+hits both alike. Prefill is one prompt from scratch (transformers computes only the last
+token's logits too, via ``logits_to_keep=1``); decode is one new token for each of ``batch``
+requests with ``context`` tokens already cached (transformers with its ``DynamicCache``,
+which has no paged batching). The cached K/V are random on both sides: computing them would
+cost minutes and does not change the work of a decode step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+
+from radixserve.attention import ExtendRequest, ForwardBatch, create_attention_backend
+from radixserve.memory import KVSlotAllocator
+from radixserve.memory.kv_pool import KVPool
+from radixserve.model.loader import LoadedModel
+from radixserve.model.presets import load_preset
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelBenchConfig:
+    preset: str = "bench-135m"
+    dtypes: tuple[str, ...] = ("bfloat16", "float32")
+    prefill_lens: tuple[int, ...] = (512, 2048)
+    decode_batches: tuple[int, ...] = (1, 8, 32)
+    context: int = 1024
+    decode_steps: int = 8
+    reps: int = 3
+    page_size: int = 16
+    seed: int = 0
+
+
+class _Ours:
+    """Our decoder with a KV pool big enough for one case at a time."""
+
+    def __init__(self, loaded: LoadedModel, num_slots: int, page_size: int) -> None:
+        cfg = loaded.config
+        dtype = next(loaded.model.parameters()).dtype
+        self.model, self.page_size = loaded.model, page_size
+        self.allocator = KVSlotAllocator(num_slots, page_size)
+        pool = KVPool(cfg.num_layers, num_slots, page_size, cfg.num_kv_heads, cfg.head_dim, dtype)
+        self.backend = create_attention_backend(
+            "torch", pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5
+        )
+
+    def forward(self, requests: list[ExtendRequest]) -> torch.Tensor:
+        batch = ForwardBatch.create(requests, self.page_size)
+        return self.model(batch, self.backend).last
+
+    def prefill(self, ids: np.ndarray) -> None:
+        slots = self.allocator.alloc(len(ids))
+        self.forward([ExtendRequest(ids, slots[: len(ids)])])
+        self.allocator.free(slots)
+
+    def decoder(self, batch: int, context: int) -> Callable[[], None]:
+        """One decode step for ``batch`` requests whose ``context`` tokens are cached (their
+        K/V values are whatever the pool holds: the work does not depend on them)."""
+        self.allocator.reset()
+        slots = [self.allocator.alloc(context + 64) for _ in range(batch)]
+        length = [context]
+
+        def step() -> None:
+            self.forward([ExtendRequest([1], s[: length[0] + 1]) for s in slots])
+            length[0] += 1
+
+        return step
+
+
+class _Theirs:
+    def __init__(self, loaded: LoadedModel) -> None:
+        from transformers import AutoModelForCausalLM
+
+        dtype = next(loaded.model.parameters()).dtype
+        hf = AutoModelForCausalLM.from_config(loaded.hf_config, dtype=dtype)
+        missing, unexpected = hf.load_state_dict(loaded.model.state_dict(), strict=False)
+        if unexpected or set(missing) - {"lm_head.weight"}:
+            raise RuntimeError(f"weights do not line up: {missing[:3]} {unexpected[:3]}")
+        hf.tie_weights()
+        self.model = hf.eval()
+
+    @torch.inference_mode()
+    def last_logits(self, ids: np.ndarray) -> torch.Tensor:
+        return self.model(torch.from_numpy(ids)[None]).logits[0, -1].float()
+
+    @torch.inference_mode()
+    def prefill(self, ids: np.ndarray) -> None:
+        self.model(torch.from_numpy(ids)[None], logits_to_keep=1, use_cache=False)
+
+    @torch.inference_mode()
+    def decoder(self, batch: int, context: int) -> Callable[[], None]:
+        """The same for transformers: a ``DynamicCache`` pre-filled with random K/V."""
+        from transformers import DynamicCache
+
+        cfg = self.model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        shape = (batch, cfg.num_key_value_heads, context, head_dim)
+        dtype = self.model.dtype
+        cache = DynamicCache(
+            [(torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype))]
+            * cfg.num_hidden_layers
+        )
+        # transformers 5 renamed `past_key_values` to `cache`.
+        params = inspect.signature(self.model.forward).parameters
+        key = "cache" if "cache" in params else "past_key_values"
+        token = torch.ones(batch, 1, dtype=torch.long)
+
+        @torch.inference_mode()
+        def step() -> None:
+            self.model(token, use_cache=True, logits_to_keep=1, **{key: cache})
+
+        return step
+
+
+def _alternate(ours: Callable, theirs: Callable, reps: int) -> tuple[float, float]:
+    """Median seconds of each, timed A B A B ..."""
+    times: dict[str, list[float]] = {"ours": [], "theirs": []}
+    for _ in range(reps):
+        for name, fn in (("ours", ours), ("theirs", theirs)):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return float(np.median(times["ours"])), float(np.median(times["theirs"]))
+
+
+def run_model_bench(
+    cfg: ModelBenchConfig, on_step: Callable[[str], None] | None = None
+) -> list[dict]:
+    rng = np.random.default_rng(cfg.seed)
+    rows = []
+    for dtype_name in cfg.dtypes:
+        loaded = load_preset(cfg.preset, dtype=_DTYPES[dtype_name])
+        vocab = loaded.config.vocab_size
+        max_batch = max(cfg.decode_batches)
+        need = max(max(cfg.prefill_lens), max_batch * (cfg.context + 64 + cfg.page_size))
+        ours = _Ours(loaded, -(-need // cfg.page_size) * cfg.page_size, cfg.page_size)
+        theirs = _Theirs(loaded)
+        _check_same_model(ours, theirs, vocab, rng)
+        for n in cfg.prefill_lens:
+            if on_step:
+                on_step(f"{dtype_name} prefill {n}")
+            ids = rng.integers(0, vocab, n).astype(np.int64)
+            ours.prefill(ids)  # warm up both
+            theirs.prefill(ids)
+            t_ours, t_theirs = _alternate(
+                partial(ours.prefill, ids), partial(theirs.prefill, ids), cfg.reps
+            )
+            rows.append(_row(dtype_name, f"prefill {n}", n, t_ours, t_theirs))
+        for batch in cfg.decode_batches:
+            if on_step:
+                on_step(f"{dtype_name} decode batch {batch}")
+            step_ours = ours.decoder(batch, cfg.context)
+            step_theirs = theirs.decoder(batch, cfg.context)
+            step_ours(), step_theirs()  # warm up
+            t_ours, t_theirs = _alternate(step_ours, step_theirs, cfg.decode_steps)
+            label = f"decode batch {batch}, context {cfg.context}"
+            rows.append(_row(dtype_name, label, batch, t_ours, t_theirs))
+    return rows
+
+
+def _check_same_model(ours: _Ours, theirs: _Theirs, vocab: int, rng) -> None:
+    """Refuse to time two models that do not compute the same thing."""
+    ids = rng.integers(0, vocab, 24).astype(np.int64)
+    slots = ours.allocator.alloc(len(ids))
+    mine = ours.forward([ExtendRequest(ids, slots[: len(ids)])])[0]
+    ours.allocator.free(slots)
+    ref = theirs.last_logits(ids)
+    if not torch.allclose(mine, ref, atol=0.05 * float(ref.abs().max()) + 1e-4):
+        raise RuntimeError(f"our logits differ from transformers' by {(mine - ref).abs().max()}")
+
+
+def _row(dtype: str, case: str, tokens: int, t_ours: float, t_theirs: float) -> dict:
+    return {
+        "dtype": dtype,
+        "case": case,
+        "ours_tok_s": tokens / t_ours,
+        "transformers_tok_s": tokens / t_theirs,
+        "ratio": t_theirs / t_ours,
+    }
+
+
+def num_steps(cfg: ModelBenchConfig) -> int:
+    return len(cfg.dtypes) * (len(cfg.prefill_lens) + len(cfg.decode_batches))
