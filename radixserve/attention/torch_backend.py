@@ -1,11 +1,12 @@
 """The reference attention backend: plain torch on any device.
 
-Gathers each request's K/V from the pool by slot into a padded ``[batch, max_seq, kv_heads,
-head_dim]`` block (one ``index_select`` of whole slot rows per tensor) and attends the whole
-batch at once. Extends use ``scaled_dot_product_attention`` with an explicit mask:
-bottom-right causal within each request, padding masked out (``is_causal=True`` would align
-the triangle top-left, wrong over a cached prefix). Decode batches, one query per request,
-mask only the padding. GQA is left to SDPA's ``enable_gqa``: no copy of K/V per query head.
+Gathers each request's K/V from the pool by slot into a padded ``[batch, kv_heads, max_seq,
+head_dim]`` block (one ``index_select`` per tensor, straight into the layout SDPA reads
+fastest) and attends the whole batch at once with ``scaled_dot_product_attention``. Extends
+use an explicit mask, bottom-right causal within each request with padding masked out
+(``is_causal=True`` would align the triangle top-left, wrong over a cached prefix); decode
+batches, one query per request, mask only the padding. GQA is left to SDPA's
+``enable_gqa``: no copy of K/V per query head.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ _SDPA_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5
 
 @dataclass(frozen=True)
 class TorchAttentionMetadata:
-    kv_slots: torch.Tensor  # [B * max_kv] slot of each padded key position
+    kv_rows: torch.Tensor  # [B * kv_heads * max_kv] rows of the pool viewed [slots * kv_heads, D]
     max_kv: int
     decode: bool
     # bool, True = attend. Decode: [B, 1, 1, max_kv], None when nothing is padded.
@@ -50,12 +51,14 @@ class TorchAttentionBackend(AttentionBackend):
         j = torch.arange(max_kv, device=device)
         kv_valid = j[None, :] < seq[:, None]
         positions = torch.where(kv_valid, kv_start[:, None] + j[None, :], kv_start[:, None])
-        kv_slots = batch.kv_slots[positions].reshape(-1)
+        slots = batch.kv_slots[positions]  # [B, max_kv]
+        heads = torch.arange(self.num_kv_heads, device=device)
+        kv_rows = (slots[:, None, :] * self.num_kv_heads + heads[None, :, None]).reshape(-1)
 
         if batch.is_decode:
             # A single query per request sees its whole context: only padding is masked.
             mask = None if bool(kv_valid.all()) else kv_valid[:, None, None, :]
-            batch.attn_metadata = TorchAttentionMetadata(kv_slots, max_kv, True, mask, None, None)
+            batch.attn_metadata = TorchAttentionMetadata(kv_rows, max_kv, True, mask, None, None)
             return
 
         prefix = seq - ext
@@ -71,9 +74,7 @@ class TorchAttentionBackend(AttentionBackend):
             # Padding rows attend to key 0 only, so softmax never sees an all-masked row.
             mask |= (~q_valid)[:, :, None] & (j == 0)[None, None, :]
             mask = mask[:, None]
-        batch.attn_metadata = TorchAttentionMetadata(
-            kv_slots, max_kv, False, mask, q_index, q_valid
-        )
+        batch.attn_metadata = TorchAttentionMetadata(kv_rows, max_kv, False, mask, q_index, q_valid)
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
@@ -81,14 +82,13 @@ class TorchAttentionBackend(AttentionBackend):
         meta: TorchAttentionMetadata = batch.attn_metadata
         self.kv_pool.write(layer, batch.out_slots, k, v)
         b, hkv, d = batch.batch_size, self.num_kv_heads, self.head_dim
-        # kb, vb: [B, max_kv, kv_heads, head_dim]
-        kb = self._gather(self.kv_pool.k[layer], meta).view(b, meta.max_kv, hkv, d)
-        vb = self._gather(self.kv_pool.v[layer], meta).view(b, meta.max_kv, hkv, d)
+        # kb, vb: [B, kv_heads, max_kv, head_dim], contiguous
+        kb = self._gather(self.kv_pool.k[layer], meta).view(b, hkv, meta.max_kv, d)
+        vb = self._gather(self.kv_pool.v[layer], meta).view(b, hkv, meta.max_kv, d)
         if meta.decode:
             qb = q.view(b, 1, self.num_heads, d).transpose(1, 2)  # [B, heads, 1, D]
         else:
             qb = q[meta.q_index].transpose(1, 2)  # [B, heads, max_q, D]
-        kb, vb = kb.transpose(1, 2), vb.transpose(1, 2)  # [B, kv_heads, max_kv, D]
         if _SDPA_HAS_GQA:
             gqa = {"enable_gqa": True}
         else:
@@ -102,4 +102,4 @@ class TorchAttentionBackend(AttentionBackend):
         return out.transpose(1, 2)[meta.q_valid]
 
     def _gather(self, pool: torch.Tensor, meta: TorchAttentionMetadata) -> torch.Tensor:
-        return torch.index_select(pool, 0, meta.kv_slots)
+        return torch.index_select(pool.view(-1, self.head_dim), 0, meta.kv_rows)
