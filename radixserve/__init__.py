@@ -3,14 +3,27 @@
 from radixserve.cache import NoPrefixCache, PrefixMatch, RadixCache
 from radixserve.memory import KVSlotAllocator, OutOfSlots, ReqToTokenTable
 
+
+def __getattr__(name: str):
+    # The engine pulls in torch and transformers; load it only when asked for.
+    if name in ("Engine", "EngineConfig", "SamplingParams"):
+        import radixserve.engine as engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'radixserve' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "Engine",
+    "EngineConfig",
     "KVSlotAllocator",
     "NoPrefixCache",
     "OutOfSlots",
     "PrefixMatch",
     "RadixCache",
     "ReqToTokenTable",
+    "SamplingParams",
     "__version__",
 ]

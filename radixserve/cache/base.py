@@ -93,8 +93,9 @@ class BasePrefixCache(ABC):
     ) -> int:
         """Cache the page-aligned part of ``tokens`` whose KV lives in ``slots``.
 
-        Returns how many leading tokens were already cached: for those the cache keeps its
-        own slots and the caller still owns (and must free) the ones it passed. Slots of the
+        Returns the length of the leading part whose slots stay with the caller: the tokens
+        that were already cached (the cache keeps its own slots there, the caller frees the
+        duplicates it passed) or, for a cache that keeps nothing, all of them. Slots of the
         newly cached part pass to the cache; those of the unaligned tail stay the caller's.
         Raises ``ValueError`` with the cache unchanged when ``len(slots) != len(tokens)`` or
         the tokens are not non-negative ints.

@@ -44,7 +44,7 @@ class NoPrefixCache(BasePrefixCache):
         num_tokens = len(encode_tokens(tokens)) // TOKEN_BYTES
         if len(slots) != num_tokens:
             raise ValueError(f"got {len(slots)} slots for {num_tokens} tokens")
-        return 0
+        return num_tokens  # nothing is adopted: every slot stays the caller's
 
     def lock(self, node: object) -> None:
         pass

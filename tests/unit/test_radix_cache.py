@@ -338,7 +338,7 @@ def test_no_prefix_cache_never_caches():
     alloc = KVSlotAllocator(16, 1)
     cache = NoPrefixCache(1, alloc)
     slots = alloc.alloc(4)
-    assert cache.insert(seq(0, 4), slots) == 0
+    assert cache.insert(seq(0, 4), slots) == 4  # adopts nothing: the caller keeps all
     m = cache.match_prefix(seq(0, 4))
     assert m.length == 0 and m.slots.size == 0
     cache.lock(m.node)

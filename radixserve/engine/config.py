@@ -1,0 +1,41 @@
+"""The engine's settings: one frozen, validated dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("lpm", "fcfs", "random")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "tiny"
+    page_size: int = 1
+    max_total_tokens: int = 65536  # KV slots in the pool
+    max_running_requests: int = 64
+    schedule_policy: str = "lpm"
+    lpm_aging_tokens_per_s: float = 2000.0  # how fast waiting raises an LPM priority
+    chunked_prefill_size: int = 2048
+    enable_prefix_cache: bool = True
+    attention_backend: str = "auto"
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    check_invariants: bool = False  # audit the tree after every step (slow; for tests)
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in POLICIES:
+            raise ValueError(
+                f"unknown schedule_policy {self.schedule_policy!r}; choose one of {POLICIES}"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_total_tokens < 4 * self.page_size:
+            raise ValueError(f"max_total_tokens {self.max_total_tokens} is too small")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.chunked_prefill_size < self.page_size:
+            raise ValueError("chunked_prefill_size must be at least one page")

@@ -1,0 +1,53 @@
+"""Owns the model, the KV pool and the attention backend; turns scheduled work into logits.
+
+The only engine part that builds tensors: it reads token ids and slot indices off the
+scheduled requests and hands the model a ``ForwardBatch``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.attention import ExtendRequest, ForwardBatch, create_attention_backend
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.req import Req
+from radixserve.engine.scheduler import ScheduleBatch
+from radixserve.memory.kv_pool import KVPool
+from radixserve.model import load_model
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.loaded = load_model(
+            config.model, dtype=getattr(torch, config.dtype), device=self.device
+        )
+        cfg = self.loaded.config
+        self.pool = KVPool(
+            cfg.num_layers,
+            config.max_total_tokens,
+            config.page_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            getattr(torch, config.dtype),
+            self.device,
+        )
+        self.backend = create_attention_backend(
+            config.attention_backend,
+            self.pool,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.head_dim**-0.5,
+        )
+
+    def forward(self, batch: ScheduleBatch) -> tuple[torch.Tensor, list[Req]]:
+        """Logits ``[n, vocab]`` of the requests whose pass reaches their last token."""
+        requests = [
+            ExtendRequest(w.req.seq()[w.start : w.end], w.req.slots[: w.end]) for w in batch.work
+        ]
+        fb = ForwardBatch.create(requests, self.config.page_size, self.device)
+        logits = self.loaded.model(fb, self.backend).last
+        rows = [i for i, w in enumerate(batch.work) if w.samples]
+        return logits[rows], [batch.work[i].req for i in rows]

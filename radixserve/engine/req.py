@@ -1,0 +1,67 @@
+"""A request's life inside the engine.
+
+Slot regions of a running request (positions in its sequence, prompt then output):
+
+    [0, cached_len)             matched in the tree; locked through ``last_node``
+    [cached_len, computed_len)  computed by this request, in its own pages
+    [computed_len, len(seq))    not computed yet (the rest of the prompt, or the newest token)
+
+``slots`` lists the slot of every position below ``len(slots)``: the tree's slots first, then
+this request's whole pages, so a page never mixes the tree's and the request's slots.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from radixserve.engine.sampling_params import SamplingParams
+
+
+class ReqState(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    input_ids: np.ndarray  # int32
+    params: SamplingParams
+    namespace: object = None
+    output_ids: list[int] = field(default_factory=list)
+    state: ReqState = ReqState.WAITING
+    slots: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    cached_len: int = 0
+    computed_len: int = 0
+    last_node: object = None
+    prompt_cached_tokens: int = 0  # prefix hit at first admission (preemption excluded)
+    finish_reason: str | None = None
+    matched_stop: object = None
+    text: str = ""
+    arrival_s: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    admitted_once: bool = False
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    def seq(self) -> np.ndarray:
+        if not self.output_ids:
+            return self.input_ids
+        return np.concatenate([self.input_ids, np.asarray(self.output_ids, dtype=np.int32)])
+
+    @property
+    def finished(self) -> bool:
+        return self.state is ReqState.FINISHED
+
+    @property
+    def own_slots(self) -> np.ndarray:
+        """The slots this request allocated itself (whole pages)."""
+        return self.slots[self.cached_len :]

@@ -1,0 +1,92 @@
+"""Turns each request's last-token logits into its next token, the whole batch at once.
+
+Penalties, temperature, top-k, top-p and min-p run as batched tensor ops; only the final
+draw of requests that carry their own ``seed`` uses a per-request generator, so a seeded
+request samples the same tokens whatever it is batched with.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.engine.req import Req
+
+
+class Sampler:
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+        self._seeded: dict[Req, torch.Generator] = {}
+
+    def sample(self, logits: torch.Tensor, reqs: list[Req]) -> list[int]:
+        """logits: [batch, vocab] float32, one row per request in ``reqs``."""
+        logits = logits.float().cpu()
+        params = [r.params for r in reqs]
+        logits = self._penalise(logits, reqs)
+        if all(p.greedy for p in params):
+            return logits.argmax(-1).tolist()
+        greedy = torch.tensor([p.greedy for p in params])
+        temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params])
+        probs = torch.softmax(logits / temps[:, None], dim=-1)
+        probs = self._truncate(probs, params)
+        tokens = []
+        for i, req in enumerate(reqs):
+            if greedy[i]:
+                tokens.append(int(logits[i].argmax()))
+                continue
+            gen = self._generator(req)
+            tokens.append(int(torch.multinomial(probs[i], 1, generator=gen)))
+        return tokens
+
+    def forget(self, req: Req) -> None:
+        self._seeded.pop(req, None)
+
+    def _generator(self, req: Req) -> torch.Generator:
+        if req.params.seed is None:
+            return self.generator
+        if req not in self._seeded:
+            self._seeded[req] = torch.Generator().manual_seed(req.params.seed)
+        return self._seeded[req]
+
+    @staticmethod
+    def _penalise(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+        rows = [
+            i
+            for i, r in enumerate(reqs)
+            if r.params.repetition_penalty != 1
+            or r.params.frequency_penalty
+            or r.params.presence_penalty
+        ]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        vocab = logits.shape[1]
+        for i in rows:
+            p, req = reqs[i].params, reqs[i]
+            if p.repetition_penalty != 1:
+                seen = torch.from_numpy(req.seq().astype("int64"))
+                seen = seen[seen < vocab].unique()
+                values = logits[i, seen]
+                logits[i, seen] = torch.where(
+                    values > 0, values / p.repetition_penalty, values * p.repetition_penalty
+                )
+            if (p.frequency_penalty or p.presence_penalty) and req.output_ids:
+                counts = torch.bincount(torch.tensor(req.output_ids), minlength=vocab)[:vocab]
+                logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        return logits
+
+    @staticmethod
+    def _truncate(probs: torch.Tensor, params) -> torch.Tensor:
+        """Apply top-k, top-p and min-p (each a no-op at its default) and renormalise."""
+        vocab = probs.shape[1]
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
+        top_p = torch.tensor([p.top_p for p in params])
+        min_p = torch.tensor([p.min_p for p in params])
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        rank = torch.arange(vocab)[None, :]
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
+        keep = (rank < top_k[:, None]) & (before < top_p[:, None])
+        keep &= sorted_probs >= min_p[:, None] * sorted_probs[:, :1]
+        keep[:, 0] = True
+        sorted_probs = sorted_probs * keep
+        out = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+        return out / out.sum(-1, keepdim=True)

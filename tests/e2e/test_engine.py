@@ -1,0 +1,208 @@
+"""The engine end to end on the `tiny` preset: greedy outputs are the same with the cache on
+or off, under every policy, under memory pressure, chunked, at any page size, and equal to
+transformers; nothing leaks; bad input fails alone."""
+
+import asyncio
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from radixserve import Engine, SamplingParams
+from radixserve.model import export_preset
+
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
+
+
+def workload() -> list[list[int]]:
+    """Prompts that share prefixes: one system prompt, several users, two turns of one."""
+    rng = np.random.default_rng(0)
+    system = rng.integers(3, 1000, 40).tolist()
+    users = [rng.integers(3, 1000, n).tolist() for n in (5, 9, 17, 3, 26)]
+    prompts = [system + u for u in users]
+    prompts.append(prompts[0] + rng.integers(3, 1000, 7).tolist())
+    prompts.append(rng.integers(3, 1000, 33).tolist())  # shares nothing
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """transformers' greedy continuation of each prompt, on the exported tiny preset."""
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny")
+    export_preset("tiny", path)
+    hf = AutoModelForCausalLM.from_pretrained(path).float().eval()
+    out = []
+    with torch.no_grad():
+        for ids in workload():
+            gen = hf.generate(
+                torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False
+            )
+            out.append(gen[0, len(ids) :].tolist())
+    return out
+
+
+def run(**options) -> tuple[list[list[int]], dict]:
+    with Engine("tiny", check_invariants=True, **options) as engine:
+        outs = engine.generate(input_ids=workload(), sampling_params=GREEDY)
+        stats = engine.cache_stats()
+        engine.check_invariants()
+        assert stats["kv_used"] == stats["cached_tokens"]  # nothing held outside the tree
+        assert engine.flush_cache()
+        assert engine.allocator.num_free == engine.allocator.capacity
+    return [o["token_ids"] for o in outs], stats
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_greedy_equals_transformers_with_cache_on_and_off(reference, page_size):
+    on, stats = run(page_size=page_size)
+    off, _ = run(page_size=page_size, enable_prefix_cache=False)
+    assert on == off == reference
+    assert stats["hit_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    "policy, page_size, pool, chunk, preempts",
+    [
+        ("lpm", 1, 100, 2048, True),
+        ("fcfs", 16, 160, 2048, True),
+        ("lpm", 16, 192, 32, True),
+        ("random", 1, 4096, 16, False),
+        ("fcfs", 1, 4096, 2048, False),
+    ],
+)
+def test_pressure_policies_and_chunking_do_not_change_outputs(
+    reference, policy, page_size, pool, chunk, preempts
+):
+    outs, stats = run(
+        page_size=page_size,
+        schedule_policy=policy,
+        max_total_tokens=pool,
+        chunked_prefill_size=chunk,
+    )
+    assert outs == reference
+    assert (stats["preemptions"] > 0) == preempts
+    assert stats["hit_tokens"] > 0
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine("tiny", page_size=4, check_invariants=True) as e:
+        yield e
+
+
+def test_a_shared_prefix_is_reported_cached(engine):
+    rng = np.random.default_rng(1)
+    shared = rng.integers(3, 1000, 30).tolist()
+    engine.generate(input_ids=shared + [5, 6, 7], sampling_params=GREEDY)
+    out = engine.generate(input_ids=shared + [9, 9], sampling_params=GREEDY)
+    assert out["meta_info"]["cached_tokens"] == 28  # 30 shared, page-aligned to 4
+
+
+def test_a_follow_up_turn_hits_the_whole_previous_conversation(engine):
+    tok = engine.tokenizer
+    messages = [{"role": "user", "content": "why is the cache hot?"}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    first_ids = tok(text)["input_ids"]
+    first = engine.generate(input_ids=first_ids, sampling_params=GREEDY)
+    follow = first_ids + first["token_ids"] + tok("\nmore please")["input_ids"]
+    second = engine.generate(input_ids=follow, sampling_params=GREEDY)
+    computed = len(first_ids) + len(first["token_ids"]) - 1  # the last token's KV is not
+    assert second["meta_info"]["cached_tokens"] == computed - computed % 4
+
+
+def test_text_prompts_lists_and_per_request_params(engine):
+    outs = engine.generate(
+        ["the cache", "the tree"],
+        [SamplingParams(max_new_tokens=3, temperature=0), SamplingParams(max_new_tokens=5)],
+    )
+    assert [o["meta_info"]["completion_tokens"] for o in outs] == [3, 5]
+    assert all(isinstance(o["text"], str) for o in outs)
+
+
+def test_seeded_sampling_reproduces(engine):
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.9, top_k=50, seed=7)
+    a = engine.generate("hello there", params)["token_ids"]
+    b = engine.generate("hello there", params)["token_ids"]
+    assert a == b
+    several = engine.generate("hello there", SamplingParams(max_new_tokens=10, n=3, seed=1))
+    assert len(several) == 3
+
+
+def test_stop_strings_and_tokens(engine):
+    base = engine.generate(input_ids=[7, 8, 9], sampling_params=GREEDY)
+    token = base["token_ids"][3]
+    out = engine.generate(
+        input_ids=[7, 8, 9],
+        sampling_params=SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=(token,)),
+    )
+    assert out["token_ids"] == base["token_ids"][: base["token_ids"].index(token) + 1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": token}
+    word = base["text"].split()[1] if len(base["text"].split()) > 1 else base["text"][-1]
+    out = engine.generate(
+        input_ids=[7, 8, 9],
+        sampling_params=SamplingParams(max_new_tokens=12, temperature=0, stop=word),
+    )
+    assert word not in out["text"]
+    assert out["meta_info"]["finish_reason"]["matched"] == word
+
+
+def test_streaming_adds_up_to_the_final_text(engine):
+    async def collect():
+        chunks = []
+        params = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
+        async for chunk in engine.generate_stream("the prefix", params):
+            chunks.append(chunk)
+        return chunks
+
+    chunks = asyncio.run(collect())
+    full = engine.generate(
+        "the prefix", SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
+    )
+    assert "".join(c["text"] for c in chunks) == full["text"]
+    assert list(itertools.chain.from_iterable(c["token_ids"] for c in chunks)) == full["token_ids"]
+    assert chunks[-1]["finished"] and chunks[-1]["meta_info"]["completion_tokens"] == 8
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda e: e.generate(""), "empty"),
+        (lambda e: e.generate(input_ids=[1] * 5000), "serves at most"),
+        (lambda e: e.generate(input_ids=[1, 10**6]), "token ids must lie"),
+        (lambda e: e.generate("x", SamplingParams(temperature=-1)), "temperature"),
+        (lambda e: e.generate("x", SamplingParams(top_p=0)), "top_p"),
+        (lambda e: e.generate("x", SamplingParams(top_p=1.5)), "top_p"),
+        (lambda e: e.generate("x", SamplingParams(max_new_tokens=-1)), "max_new_tokens"),
+    ],
+)
+def test_bad_input_fails_alone(engine, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(engine)
+    assert engine.generate("still serving", GREEDY)["meta_info"]["completion_tokens"] == 12
+    engine.check_invariants()
+
+
+def test_unknown_policy():
+    with pytest.raises(ValueError, match="schedule_policy"):
+        Engine("tiny", schedule_policy="sjf")
+
+
+def test_abort_frees_the_request(engine):
+    async def go():
+        params = SamplingParams(max_new_tokens=2000, temperature=0, ignore_eos=True)
+        stream = engine.generate_stream(input_ids=[5, 6, 7], sampling_params=params)
+        first = await stream.__anext__()
+        engine.abort(first["rid"])
+        last = first
+        async for chunk in stream:
+            last = chunk
+        return last
+
+    last = asyncio.run(go())
+    assert last["finished"] and last["meta_info"]["finish_reason"]["type"] == "abort"
+    engine.check_invariants()
+    stats = engine.cache_stats()
+    assert stats["running"] == 0 and stats["kv_used"] == stats["cached_tokens"]
