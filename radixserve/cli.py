@@ -107,6 +107,15 @@ def _bench_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from radixserve.bench.demo import DemoWorkload, print_results, run_demo
+
+    work = DemoWorkload(users=args.users, turns=args.turns, max_new_tokens=args.max_new_tokens)
+    results = run_demo(args.model, work, page_size=args.page_size)
+    print_results(args.model, work, results)
+    return 0
+
+
 def _export_preset(args: argparse.Namespace) -> int:
     from radixserve.model.presets import export_preset
 
@@ -118,6 +127,14 @@ def _export_preset(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    full = sub.add_parser("demo", help="a chat workload served with the prefix cache on and off")
+    full.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    full.add_argument("--users", type=int, default=12)
+    full.add_argument("--turns", type=int, default=2)
+    full.add_argument("--max-new-tokens", type=int, default=16)
+    full.add_argument("--page-size", type=int, default=16)
+    full.set_defaults(func=_demo)
 
     demo = sub.add_parser("cache-demo", help="a multi-turn chat workload through the tree")
     demo.add_argument("--page-size", type=int, default=16)
