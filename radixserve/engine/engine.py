@@ -12,6 +12,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
@@ -52,6 +53,10 @@ class Engine:
         self._reqs: dict[str, Req] = {}
         self._listeners: dict[str, Listener] = {}
         self._stopping = False
+        self._started = time.perf_counter()
+        self._finished = self._generated = 0
+        self._ttft: deque[float] = deque(maxlen=10_000)
+        self._latency: deque[float] = deque(maxlen=10_000)
         self._thread = threading.Thread(target=self._loop, name="radixserve-scheduler", daemon=True)
         self._thread.start()
 
@@ -129,49 +134,65 @@ class Engine:
 
     def flush_cache(self) -> bool:
         """Drop everything cached; refused (False) while requests are running."""
-        done: Future = Future()
 
-        def command() -> None:
+        def flush() -> bool:
             if self.scheduler.has_work:
-                done.set_result(False)
-                return
+                return False
             self.cache.reset()
-            done.set_result(True)
+            return True
 
-        self._post(command)
-        return done.result()
+        return self._on_loop(flush)
 
     def cache_stats(self) -> dict:
+        """Prefix-cache and serving metrics, read on the scheduler thread."""
+        return self._on_loop(self._stats)
+
+    def _stats(self) -> dict:
         s = self.scheduler
-        queried = s.queried_tokens
+        elapsed = time.perf_counter() - self._started
+        ttft, latency = np.array(self._ttft or [0.0]), np.array(self._latency or [0.0])
         return {
-            "queried_tokens": queried,
+            "queried_tokens": s.queried_tokens,
             "hit_tokens": s.hit_tokens,
-            "token_hit_rate": s.hit_tokens / queried if queried else 0.0,
+            "token_hit_rate": s.hit_tokens / s.queried_tokens if s.queried_tokens else 0.0,
+            "request_hit_rate": s.requests_hit / s.requests_admitted
+            if s.requests_admitted
+            else 0.0,
             "cached_tokens": self.cache.total_size,
             "evictable_tokens": self.cache.evictable_size,
             "protected_tokens": self.cache.protected_size,
             "kv_capacity": self.allocator.capacity,
             "kv_used": self.allocator.num_used,
             "kv_usage": self.allocator.num_used / self.allocator.capacity,
+            "memory_dedup_ratio": s.dedup_ratio,
             "running": len(s.running),
             "waiting": len(s.waiting),
             "preemptions": s.num_preemptions,
+            "finished_requests": self._finished,
+            "generated_tokens": self._generated,
+            "generation_throughput": self._generated / elapsed,
+            "ttft_p50_s": float(np.percentile(ttft, 50)),
+            "ttft_p99_s": float(np.percentile(ttft, 99)),
+            "latency_p50_s": float(np.percentile(latency, 50)),
+            "latency_p99_s": float(np.percentile(latency, 99)),
         }
 
-    def check_invariants(self) -> None:
-        """Audit the cache and slot accounting (from any thread; waits for the loop)."""
+    def _on_loop(self, fn: Callable[[], object]):
+        """Run ``fn`` on the scheduler thread between steps and return its result."""
         done: Future = Future()
 
         def command() -> None:
             try:
-                self.cache.check_invariants(self.scheduler.slots_held)
-                done.set_result(None)
+                done.set_result(fn())
             except Exception as exc:  # handed to the caller
                 done.set_exception(exc)
 
         self._post(command)
-        done.result()
+        return done.result()
+
+    def check_invariants(self) -> None:
+        """Audit the cache and slot accounting (from any thread; waits for the loop)."""
+        self._on_loop(lambda: self.cache.check_invariants(self.scheduler.slots_held))
 
     def shutdown(self) -> None:
         with self._cond:
@@ -329,6 +350,11 @@ class Engine:
 
     def _finish(self, req: Req) -> None:
         req.finish_s = time.perf_counter()
+        self._finished += 1
+        self._generated += len(req.output_ids)
+        if req.first_token_s is not None:
+            self._ttft.append(req.first_token_s - req.arrival_s)
+            self._latency.append(req.finish_s - req.arrival_s)
         self.sampler.forget(req)
         listener = self._listeners.pop(req.rid, None)
         self._reqs.pop(req.rid, None)

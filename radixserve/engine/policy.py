@@ -1,5 +1,7 @@
 """Orders the waiting queue.
 
+``dfs-weight`` walks the tree depth first, entering heavier subtrees (more waiting requests
+below) first, and admits requests in that order, so requests under one prefix run together.
 ``lpm`` admits the request with the longest cached prefix first so shared prefixes stay hot,
 with aging: each second of waiting counts as ``aging`` cached tokens, so a request that shares
 nothing is not starved behind an endless stream of hits (plain LPM gives such requests
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import defaultdict
 from collections.abc import Callable
 
 from radixserve.engine.req import Req
@@ -18,18 +21,46 @@ from radixserve.engine.req import Req
 def order_waiting(
     waiting: list[Req],
     policy: str,
-    cached_len: Callable[[Req], int],
+    match_node: Callable[[Req], tuple[int, object]],
     aging_tokens_per_s: float,
     rng: random.Random,
 ) -> list[Req]:
+    """``match_node(req)`` gives the cached length of ``req``'s prefix and the tree node
+    where its match ends (an object with a ``parent``)."""
     if policy == "fcfs":
         return sorted(waiting, key=lambda r: r.arrival_s)
     if policy == "random":
         order = list(waiting)
         rng.shuffle(order)
         return order
+    matches = {r: match_node(r) for r in waiting}
+    if policy == "dfs-weight":
+        return _dfs_weight(waiting, {r: node for r, (_, node) in matches.items()})
     now = time.perf_counter()
     return sorted(
         waiting,
-        key=lambda r: (-(cached_len(r) + aging_tokens_per_s * (now - r.arrival_s)), r.arrival_s),
+        key=lambda r: (-(matches[r][0] + aging_tokens_per_s * (now - r.arrival_s)), r.arrival_s),
     )
+
+
+def _dfs_weight(waiting: list[Req], nodes: dict[Req, object]) -> list[Req]:
+    weight: dict[object, int] = defaultdict(int)
+    children: dict[object, list] = defaultdict(list)
+    ending: dict[object, list[Req]] = defaultdict(list)
+    roots: list = []
+    for req in sorted(waiting, key=lambda r: r.arrival_s):
+        node = nodes[req]
+        ending[node].append(req)
+        while node is not None:
+            weight[node] += 1
+            parent = getattr(node, "parent", None)
+            if weight[node] == 1:
+                (children[parent] if parent is not None else roots).append(node)
+            node = parent
+    order: list[Req] = []
+    stack = sorted(roots, key=lambda n: weight[n])
+    while stack:
+        node = stack.pop()
+        order += ending[node]
+        stack += sorted(children[node], key=lambda n: weight[n])
+    return order

@@ -63,6 +63,8 @@ class Scheduler:
         self.rng = random.Random(config.seed)
         self.queried_tokens = 0
         self.hit_tokens = 0
+        self.requests_admitted = 0
+        self.requests_hit = 0
         self.num_preemptions = 0
 
     # ---- intake --------------------------------------------------------------------------
@@ -82,6 +84,16 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def dedup_ratio(self) -> float:
+        """Context tokens running requests reference / distinct slots holding them (1.0 when
+        nothing is shared)."""
+        parts = [r.slots[: r.computed_len] for r in self.running if r.computed_len]
+        if not parts:
+            return 1.0
+        referenced = sum(len(p) for p in parts)
+        return referenced / len(np.unique(np.concatenate(parts)))
 
     @property
     def slots_held(self) -> int:
@@ -112,7 +124,7 @@ class Scheduler:
         ordered = order_waiting(
             self.waiting,
             self.config.schedule_policy,
-            lambda r: self.cache.match_prefix(r.seq(), r.namespace).length,
+            self._match_for_policy,
             self.config.lpm_aging_tokens_per_s,
             self.rng,
         )
@@ -132,6 +144,10 @@ class Scheduler:
             work.append(item)
             budget -= item.end - item.start
         return work
+
+    def _match_for_policy(self, req: Req) -> tuple[int, object]:
+        hit = self.cache.match_prefix(req.seq(), req.namespace)
+        return hit.length, hit.node
 
     def _shares_uncached_prefix(self, req: Req, admitted: RadixCache) -> bool:
         if not isinstance(self.cache, RadixCache):
@@ -154,6 +170,8 @@ class Scheduler:
             req.prompt_cached_tokens = cached
             self.queried_tokens += len(req.input_ids)
             self.hit_tokens += cached
+            self.requests_admitted += 1
+            self.requests_hit += cached > 0
         self.waiting.remove(req)
         self.running.append(req)
         req.state = ReqState.RUNNING

@@ -71,6 +71,7 @@ def test_greedy_equals_transformers_with_cache_on_and_off(reference, page_size):
         ("lpm", 16, 192, 32, True),
         ("random", 1, 4096, 16, False),
         ("fcfs", 1, 4096, 2048, False),
+        ("dfs-weight", 16, 160, 2048, True),
     ],
 )
 def test_pressure_policies_and_chunking_do_not_change_outputs(
@@ -218,3 +219,30 @@ def test_demo_shows_the_cache_paying_off(capsys):
     assert on.prompt_tokens == off.prompt_tokens  # greedy: the same conversations
     print_results("tiny", work, [on, off])
     assert "hit rate" in capsys.readouterr().out
+
+
+def test_metrics_count_what_happened():
+    with Engine("tiny", page_size=4) as engine:
+        shared = list(range(10, 50))
+        engine.generate(input_ids=shared + [1], sampling_params=GREEDY)
+        engine.generate(input_ids=[[*shared, 2], [7, 7, 7, 7, 7]], sampling_params=GREEDY)
+        stats = engine.cache_stats()
+    assert stats["finished_requests"] == 3
+    assert stats["generated_tokens"] == 36
+    assert stats["queried_tokens"] == 41 + 41 + 5
+    assert stats["hit_tokens"] == 40
+    assert stats["request_hit_rate"] == 1 / 3
+    assert 0 < stats["ttft_p50_s"] <= stats["latency_p99_s"]
+    assert stats["memory_dedup_ratio"] == 1.0 and stats["running"] == 0
+
+
+def test_dedup_ratio_counts_shared_prefix_slots():
+    from radixserve.engine.req import Req
+    from radixserve.engine.scheduler import Scheduler
+
+    sched = Scheduler.__new__(Scheduler)
+    a, b = Req("a", np.zeros(8, np.int32), GREEDY), Req("b", np.zeros(8, np.int32), GREEDY)
+    a.slots, a.computed_len = np.arange(8), 8
+    b.slots, b.computed_len = np.concatenate([np.arange(4), np.arange(20, 24)]), 8
+    sched.running = [a, b]
+    assert sched.dedup_ratio == 16 / 12
