@@ -21,6 +21,7 @@ import numpy as np
 
 from radixserve.cache import NoPrefixCache, RadixCache
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.logprobs import record_logprobs
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.req import Req, ReqState
 from radixserve.engine.sampler import Sampler
@@ -314,8 +315,10 @@ class Engine:
                 time.sleep(0.001)  # waiting on memory held by nothing: let commands in
             return
         try:
-            logits, sampled = self.runner.forward(batch)
-            tokens = self.sampler.sample(logits, sampled)
+            out = self.runner.forward(batch)
+            sampled = out.sampled
+            tokens = self.sampler.sample(out.last, sampled)
+            record_logprobs(batch, out, tokens)
         except Exception as exc:  # a failed forward fails its requests, not the engine
             for item in batch.work:
                 item.req.finish_reason = f"error: {exc}"
@@ -363,18 +366,29 @@ class Engine:
 
     def _output(self, req: Req) -> dict:
         end = req.finish_s or time.perf_counter()
+        meta = {
+            "prompt_tokens": len(req.input_ids),
+            "cached_tokens": req.prompt_cached_tokens,
+            "completion_tokens": len(req.output_ids),
+            "finish_reason": {"type": req.finish_reason, "matched": req.matched_stop},
+            "ttft_s": (req.first_token_s or end) - req.arrival_s,
+            "latency_s": end - req.arrival_s,
+        }
+        p = req.params
+        if p.return_logprob:
+            meta["output_token_logprobs"] = list(req.output_logprobs)
+            if p.top_logprobs_num:
+                meta["output_top_logprobs"] = list(req.output_top_logprobs)
+        if p.prompt_logprobs:
+            ids = req.input_ids.tolist()
+            meta["input_token_logprobs"] = [
+                (req.input_logprobs.get(i), ids[i]) for i in range(p.logprob_start_len, len(ids))
+            ]
         return {
             "rid": req.rid,
             "text": req.text,
             "token_ids": list(req.output_ids),
-            "meta_info": {
-                "prompt_tokens": len(req.input_ids),
-                "cached_tokens": req.prompt_cached_tokens,
-                "completion_tokens": len(req.output_ids),
-                "finish_reason": {"type": req.finish_reason, "matched": req.matched_stop},
-                "ttft_s": (req.first_token_s or end) - req.arrival_s,
-                "latency_s": end - req.arrival_s,
-            },
+            "meta_info": meta,
         }
 
 

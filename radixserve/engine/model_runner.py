@@ -6,6 +6,8 @@ scheduled requests and hands the model a ``ForwardBatch``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from radixserve.attention import ExtendRequest, ForwardBatch, create_attention_backend
@@ -42,12 +44,22 @@ class ModelRunner:
             cfg.head_dim**-0.5,
         )
 
-    def forward(self, batch: ScheduleBatch) -> tuple[torch.Tensor, list[Req]]:
-        """Logits ``[n, vocab]`` of the requests whose pass reaches their last token."""
+    def forward(self, batch: ScheduleBatch) -> ForwardOutput:
         requests = [
             ExtendRequest(w.req.seq()[w.start : w.end], w.req.slots[: w.end]) for w in batch.work
         ]
-        fb = ForwardBatch.create(requests, self.config.page_size, self.device)
-        logits = self.loaded.model(fb, self.backend).last
+        every = not batch.decode and any(w.req.params.prompt_logprobs for w in batch.work)
+        fb = ForwardBatch.create(requests, self.config.page_size, self.device, every)
+        logits = self.loaded.model(fb, self.backend)
         rows = [i for i, w in enumerate(batch.work) if w.samples]
-        return logits[rows], [batch.work[i].req for i in rows]
+        return ForwardOutput(logits.last[rows], [batch.work[i].req for i in rows], logits.all)
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    """``last``: ``[n, vocab]`` logits of the requests in ``sampled`` (those whose pass reached
+    their newest token); ``all``: ``[num_tokens, vocab]`` when prompt logprobs were asked."""
+
+    last: torch.Tensor
+    sampled: list[Req]
+    all: torch.Tensor | None

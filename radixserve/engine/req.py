@@ -47,6 +47,10 @@ class Req:
     first_token_s: float | None = None
     finish_s: float | None = None
     admitted_once: bool = False
+    # (logprob, token id) per generated token; prompt ones keyed by position
+    output_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: dict[int, float] = field(default_factory=dict)
 
     @property
     def seq_len(self) -> int:

@@ -20,6 +20,9 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     n: int = 1
+    return_logprob: bool = False  # log-probabilities of the generated tokens
+    top_logprobs_num: int = 0  # with them, the top alternatives at each position
+    logprob_start_len: int = -1  # >= 0: also the prompt's tokens from this position on
 
     def __post_init__(self) -> None:
         checks = [
@@ -32,6 +35,8 @@ class SamplingParams:
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (self.n >= 1, f"n must be >= 1, got {self.n}"),
+            (self.top_logprobs_num >= 0, "top_logprobs_num must be >= 0"),
+            (self.logprob_start_len >= -1, "logprob_start_len must be >= -1"),
         ]
         for ok, message in checks:
             if not ok:
@@ -45,3 +50,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def prompt_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0

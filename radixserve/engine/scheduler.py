@@ -159,8 +159,12 @@ class Scheduler:
     def _admit(self, req: Req) -> None:
         """Lock the request's cached prefix and move it to running."""
         hit = self.cache.match_prefix(req.seq(), req.namespace)
-        # At least the last token is computed: its logits give the next one.
-        cached = min(hit.length, (req.seq_len - 1) // self.page * self.page)
+        # At least the last token is computed: its logits give the next one. Prompt
+        # logprobs from position s need the logits of positions s-1 on, so those are too.
+        last = req.seq_len - 1
+        if req.params.prompt_logprobs:
+            last = min(last, max(0, req.params.logprob_start_len - 1))
+        cached = min(hit.length, last // self.page * self.page)
         self.cache.lock(hit.node)
         req.last_node = hit.node
         req.cached_len = req.computed_len = cached

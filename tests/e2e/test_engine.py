@@ -246,3 +246,35 @@ def test_dedup_ratio_counts_shared_prefix_slots():
     b.slots, b.computed_len = np.concatenate([np.arange(4), np.arange(20, 24)]), 8
     sched.running = [a, b]
     assert sched.dedup_ratio == 16 / 12
+
+
+def test_logprobs_match_transformers(reference, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    export_preset("tiny", tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()
+    prompt = workload()[1]
+    params = SamplingParams(
+        max_new_tokens=6,
+        temperature=0,
+        ignore_eos=True,
+        return_logprob=True,
+        top_logprobs_num=3,
+        logprob_start_len=10,
+    )
+    with Engine("tiny", page_size=4) as engine:
+        engine.generate(input_ids=prompt, sampling_params=GREEDY)  # cache the whole prompt
+        out = engine.generate(input_ids=prompt, sampling_params=params)
+    meta = out["meta_info"]
+    full = prompt + out["token_ids"]
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(torch.tensor([full])).logits[0].float(), -1)
+    inputs = meta["input_token_logprobs"]
+    assert [t for _, t in inputs] == prompt[10:]
+    for pos, (lp, tok) in enumerate(inputs, start=10):
+        assert abs(lp - float(logp[pos - 1, tok])) < 1e-4
+    for i, (lp, tok) in enumerate(meta["output_token_logprobs"]):
+        assert abs(lp - float(logp[len(prompt) + i - 1, tok])) < 1e-4
+        top = meta["output_top_logprobs"][i]
+        assert len(top) == 3 and top[0][1] == tok  # greedy picks the most likely
+    assert meta["cached_tokens"] == 8  # capped so positions 9.. are recomputed

@@ -1,0 +1,39 @@
+"""Log-probabilities of generated tokens (and, when asked, of prompt tokens), taken from the
+model's raw distribution: before temperature, penalties and truncation."""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.engine.model_runner import ForwardOutput
+from radixserve.engine.scheduler import ScheduleBatch
+
+
+def record_logprobs(batch: ScheduleBatch, out: ForwardOutput, tokens: list[int]) -> None:
+    wanted = [i for i, r in enumerate(out.sampled) if r.params.return_logprob]
+    if wanted:
+        logp = torch.log_softmax(out.last[wanted].float(), dim=-1)
+        for row, i in enumerate(wanted):
+            req, token = out.sampled[i], tokens[i]
+            req.output_logprobs.append((float(logp[row, token]), token))
+            if req.params.top_logprobs_num:
+                top = logp[row].topk(req.params.top_logprobs_num)
+                pairs = zip(top.values.tolist(), top.indices.tolist(), strict=True)
+                req.output_top_logprobs.append(list(pairs))
+    if out.all is None:
+        return
+    offset = 0
+    for item in batch.work:
+        req, n = item.req, item.end - item.start
+        start = req.params.logprob_start_len
+        if req.params.prompt_logprobs:
+            # Row r holds the distribution of the token at position item.start + r + 1.
+            targets = range(item.start + 1, min(item.end + 1, len(req.input_ids)))
+            picked = [t for t in targets if t >= start and t not in req.input_logprobs]
+            if picked:
+                rows = torch.tensor([offset + t - 1 - item.start for t in picked])
+                ids = torch.from_numpy(req.input_ids[picked].astype("int64"))
+                logp = torch.log_softmax(out.all[rows].float(), dim=-1)
+                values = logp.gather(1, ids[:, None])[:, 0].tolist()
+                req.input_logprobs.update(zip(picked, values, strict=True))
+        offset += n
