@@ -23,6 +23,7 @@ from radixserve.memory import KVSlotAllocator
 # Hold a waiting request back a step when it shares at least this many not-yet-cached tokens
 # with one admitted in the same step.
 IN_BATCH_SHARE_MIN_TOKENS = 32
+LPM_WINDOW = 256
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,13 @@ class Scheduler:
                 budget -= item.end - item.start
         if budget <= 0 or not self.waiting:
             return work
+        # Scoring matches every candidate against the tree; with a long queue only the oldest
+        # LPM_WINDOW are considered each step (aging puts them first anyway).
+        candidates = self.waiting
+        if len(candidates) > LPM_WINDOW:
+            candidates = sorted(candidates, key=lambda r: r.arrival_s)[:LPM_WINDOW]
         ordered = order_waiting(
-            self.waiting,
+            candidates,
             self.config.schedule_policy,
             self._match_for_policy,
             self.config.lpm_aging_tokens_per_s,
@@ -154,7 +160,9 @@ class Scheduler:
             return False
         in_batch = admitted.match_prefix(req.seq(), req.namespace).length
         cached = self.cache.match_prefix(req.seq(), req.namespace).length
-        return in_batch - cached >= IN_BATCH_SHARE_MIN_TOKENS
+        # A short prompt shared whole (the n samples of one request) waits too.
+        whole = (req.seq_len - 1) // self.page * self.page
+        return in_batch > cached and in_batch - cached >= min(IN_BATCH_SHARE_MIN_TOKENS, whole)
 
     def _admit(self, req: Req) -> None:
         """Lock the request's cached prefix and move it to running."""

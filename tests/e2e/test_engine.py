@@ -278,3 +278,35 @@ def test_logprobs_match_transformers(reference, tmp_path):
         top = meta["output_top_logprobs"][i]
         assert len(top) == 3 and top[0][1] == tok  # greedy picks the most likely
     assert meta["cached_tokens"] == 8  # capped so positions 9.. are recomputed
+
+
+def test_parallel_samples_share_the_prompt(engine):
+    prompt = list(range(100, 120))
+    outs = engine.generate(
+        input_ids=prompt, sampling_params=SamplingParams(max_new_tokens=4, n=4, seed=3)
+    )
+    cached = sorted(o["meta_info"]["cached_tokens"] for o in outs)
+    assert cached == [0, 16, 16, 16]  # one computes the prompt, three reuse its pages
+
+
+def test_many_threads_at_once_get_their_own_answers(engine):
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = workload()
+    alone = [engine.generate(input_ids=p, sampling_params=GREEDY)["token_ids"] for p in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(
+            pool.map(lambda p: engine.generate(input_ids=p, sampling_params=GREEDY), prompts * 2)
+        )
+    assert [o["token_ids"] for o in together] == alone * 2
+    engine.check_invariants()
+
+
+def test_a_long_queue_is_served_completely():
+    with Engine("tiny", page_size=4, max_running_requests=8) as engine:
+        prompts = [[5, 6, 7, 8, i % 50 + 10, i % 7 + 3] for i in range(300)]
+        outs = engine.generate(
+            input_ids=prompts, sampling_params=SamplingParams(max_new_tokens=2, temperature=0)
+        )
+        assert len(outs) == 300 and all(o["meta_info"]["completion_tokens"] == 2 for o in outs)
+        assert engine.cache_stats()["request_hit_rate"] > 0.9
