@@ -12,7 +12,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 class EngineConfig:
     model: str = "tiny"
     page_size: int = 1
-    max_total_tokens: int = 65536  # KV slots in the pool
+    max_total_tokens: int | None = None  # KV slots in the pool; default 65536
+    mem_fraction: float | None = None  # or: this share of free (GPU or host) memory
     max_running_requests: int = 64
     schedule_policy: str = "lpm"
     lpm_aging_tokens_per_s: float = 2000.0  # how fast waiting raises an LPM priority
@@ -33,8 +34,12 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.max_total_tokens < 4 * self.page_size:
+        if self.max_total_tokens is not None and self.mem_fraction is not None:
+            raise ValueError("give max_total_tokens or mem_fraction, not both")
+        if self.max_total_tokens is not None and self.max_total_tokens < 4 * self.page_size:
             raise ValueError(f"max_total_tokens {self.max_total_tokens} is too small")
+        if self.mem_fraction is not None and not 0 < self.mem_fraction < 1:
+            raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
         if self.chunked_prefill_size < self.page_size:

@@ -43,7 +43,7 @@ class Engine:
         self.vocab_size = loaded.config.vocab_size
         self.context_len = loaded.config.context_len
         page = self.config.page_size
-        self.allocator = KVSlotAllocator(self.config.max_total_tokens, page)
+        self.allocator = KVSlotAllocator(self.runner.num_slots, page)
         cache_cls = RadixCache if self.config.enable_prefix_cache else NoPrefixCache
         self.cache = cache_cls(page, self.allocator)
         self.scheduler = Scheduler(self.config, self.cache, self.allocator, self._check_finish)

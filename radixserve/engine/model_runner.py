@@ -6,6 +6,7 @@ scheduled requests and hands the model a ``ForwardBatch``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -26,9 +27,10 @@ class ModelRunner:
             config.model, dtype=getattr(torch, config.dtype), device=self.device
         )
         cfg = self.loaded.config
+        self.num_slots = self._pool_slots()
         self.pool = KVPool(
             cfg.num_layers,
-            config.max_total_tokens,
+            self.num_slots,
             config.page_size,
             cfg.num_kv_heads,
             cfg.head_dim,
@@ -43,6 +45,26 @@ class ModelRunner:
             cfg.head_dim,
             cfg.head_dim**-0.5,
         )
+
+    def _pool_slots(self) -> int:
+        """KV slots to allocate: as configured, or ``mem_fraction`` of the free memory of the
+        device (host memory on CPU), in whole pages."""
+        config, cfg = self.config, self.loaded.config
+        if config.mem_fraction is None:
+            slots = config.max_total_tokens or 65536
+        else:
+            if self.device.type == "cuda":
+                free = torch.cuda.mem_get_info(self.device)[0]
+            else:
+                free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            per_slot = KVPool.bytes_per_slot(
+                cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, getattr(torch, config.dtype)
+            )
+            slots = int(free * config.mem_fraction) // per_slot
+        slots -= slots % config.page_size
+        if slots < 4 * config.page_size:
+            raise ValueError(f"only {slots} KV slots fit; give more memory")
+        return slots
 
     def forward(self, batch: ScheduleBatch) -> ForwardOutput:
         requests = [

@@ -28,21 +28,21 @@ class Sampler:
         temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params])
         probs = torch.softmax(logits / temps[:, None], dim=-1)
         probs = self._truncate(probs, params)
-        tokens = []
-        for i, req in enumerate(reqs):
-            if greedy[i]:
-                tokens.append(int(logits[i].argmax()))
-                continue
-            gen = self._generator(req)
-            tokens.append(int(torch.multinomial(probs[i], 1, generator=gen)))
-        return tokens
+        tokens = logits.argmax(-1)
+        shared = [i for i, r in enumerate(reqs) if not greedy[i] and r.params.seed is None]
+        if shared:  # one draw for every unseeded row
+            rows = torch.tensor(shared)
+            draws = torch.multinomial(probs[rows], 1, generator=self.generator)[:, 0]
+            tokens[rows] = draws
+        for i, req in enumerate(reqs):  # seeded rows draw from their own stream
+            if not greedy[i] and req.params.seed is not None:
+                tokens[i] = torch.multinomial(probs[i], 1, generator=self._generator(req))[0]
+        return tokens.tolist()
 
     def forget(self, req: Req) -> None:
         self._seeded.pop(req, None)
 
     def _generator(self, req: Req) -> torch.Generator:
-        if req.params.seed is None:
-            return self.generator
         if req not in self._seeded:
             self._seeded[req] = torch.Generator().manual_seed(req.params.seed)
         return self._seeded[req]

@@ -310,3 +310,20 @@ def test_a_long_queue_is_served_completely():
         )
         assert len(outs) == 300 and all(o["meta_info"]["completion_tokens"] == 2 for o in outs)
         assert engine.cache_stats()["request_hit_rate"] > 0.9
+
+
+def test_pool_size_options():
+    with pytest.raises(ValueError, match="not both"):
+        Engine("tiny", max_total_tokens=1024, mem_fraction=0.1)
+    with pytest.raises(ValueError, match="mem_fraction"):
+        Engine("tiny", mem_fraction=1.5)
+    with Engine("tiny", mem_fraction=0.001, page_size=16) as engine:
+        slots = engine.allocator.capacity
+        assert slots > 0 and slots % 16 == 0
+        assert engine.generate("hi", GREEDY)["meta_info"]["completion_tokens"] == 12
+
+
+def test_unseeded_sampling_differs_between_requests(engine):
+    params = SamplingParams(max_new_tokens=30, temperature=5.0, ignore_eos=True)
+    outs = engine.generate(input_ids=[[7, 8, 9]] * 4, sampling_params=params)
+    assert len({tuple(o["token_ids"]) for o in outs}) > 1
