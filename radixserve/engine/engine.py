@@ -75,14 +75,14 @@ class Engine:
         reqs, single = self._make_requests(prompt, sampling_params, input_ids, namespace)
         futures = [self._submit(r) for r in reqs]
         outs = [f.result() for f in futures]
-        return _group(outs, reqs, single)
+        return _group(outs, single)
 
     async def async_generate(self, prompt=None, sampling_params=None, **kwargs) -> dict | list:
         reqs, single = self._make_requests(
             prompt, sampling_params, kwargs.get("input_ids"), kwargs.get("namespace")
         )
         outs = await asyncio.gather(*(asyncio.wrap_future(self._submit(r)) for r in reqs))
-        return _group(list(outs), reqs, single)
+        return _group(list(outs), single)
 
     async def generate_stream(
         self,
@@ -108,7 +108,7 @@ class Engine:
         self._submit(req, listener)
         while True:
             done = await queue.get()
-            text = req.text if done else _stable_text(req.text)
+            text = req.text if done else _stable_text(req.text, req.params.stop)
             chunk = {
                 "rid": req.rid,
                 "text": text[len(sent["text"]) :],
@@ -397,10 +397,19 @@ def _first_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
     return min(hits) if hits else None
 
 
-def _stable_text(text: str) -> str:
-    """Hold back a trailing replacement character: the next token may complete it."""
-    return text.rstrip("\ufffd")
+def _stable_text(text: str, stops: tuple[str, ...]) -> str:
+    """The part of ``text`` that later tokens cannot change: without a trailing replacement
+    character (the next token may complete it) and without a tail that could begin a stop
+    string (if it completes, it is cut)."""
+    text = text.rstrip("\ufffd")
+    hold = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:n]):
+                hold = n
+                break
+    return text[: len(text) - hold]
 
 
-def _group(outs: list[dict], reqs: list[Req], single: bool) -> dict | list:
+def _group(outs: list[dict], single: bool) -> dict | list:
     return outs[0] if single and len(outs) == 1 else outs

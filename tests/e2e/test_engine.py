@@ -150,21 +150,25 @@ def test_stop_strings_and_tokens(engine):
     assert out["meta_info"]["finish_reason"]["matched"] == word
 
 
-def test_streaming_adds_up_to_the_final_text(engine):
+@pytest.mark.parametrize("with_stop", [False, True])
+def test_streaming_adds_up_to_the_final_text(engine, with_stop):
+    plain = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
+    full = engine.generate("the prefix", plain)
+    params = plain
+    if with_stop:  # a stop string that completes over more than one token
+        words = full["text"].split()
+        stop = " ".join(words[2:4]) if len(words) > 3 else full["text"][-4:]
+        params = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True, stop=stop)
+        full = engine.generate("the prefix", params)
+
     async def collect():
-        chunks = []
-        params = SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
-        async for chunk in engine.generate_stream("the prefix", params):
-            chunks.append(chunk)
-        return chunks
+        return [chunk async for chunk in engine.generate_stream("the prefix", params)]
 
     chunks = asyncio.run(collect())
-    full = engine.generate(
-        "the prefix", SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)
-    )
     assert "".join(c["text"] for c in chunks) == full["text"]
     assert list(itertools.chain.from_iterable(c["token_ids"] for c in chunks)) == full["token_ids"]
-    assert chunks[-1]["finished"] and chunks[-1]["meta_info"]["completion_tokens"] == 8
+    assert chunks[-1]["finished"]
+    assert chunks[-1]["meta_info"]["completion_tokens"] == len(full["token_ids"])
 
 
 @pytest.mark.parametrize(
