@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _cache_demo(args: argparse.Namespace) -> int:
@@ -116,6 +117,39 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import json
+    import logging
+
+    import uvicorn
+
+    from radixserve.engine import Engine
+    from radixserve.server import create_app
+
+    keys = None
+    if args.api_keys:
+        keys = json.loads(Path(args.api_keys).read_text())
+        if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
+            raise ValueError("--api-keys must name a JSON object mapping each key to a tenant")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    engine = Engine(
+        args.model,
+        page_size=args.page_size,
+        max_total_tokens=args.max_total_tokens,
+        max_running_requests=args.max_running_requests,
+        schedule_policy=args.schedule_policy,
+        chunked_prefill_size=args.chunked_prefill_size,
+        enable_prefix_cache=not args.disable_prefix_cache,
+        attention_backend=args.attention_backend,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+    )
+    app = create_app(engine, args.served_model_name or args.model, keys)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
 def _export_preset(args: argparse.Namespace) -> int:
     from radixserve.model.presets import export_preset
 
@@ -135,6 +169,24 @@ def build_parser() -> argparse.ArgumentParser:
     full.add_argument("--max-new-tokens", type=int, default=16)
     full.add_argument("--page-size", type=int, default=16)
     full.set_defaults(func=_demo)
+
+    serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
+    serve.add_argument("--model", default="tiny", help="a preset or a HF directory")
+    serve.add_argument("--served-model-name", default=None)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=30000)
+    serve.add_argument("--api-keys", help="JSON file: {key: tenant namespace}")
+    serve.add_argument("--page-size", type=int, default=16)
+    serve.add_argument("--max-total-tokens", type=int, default=None)
+    serve.add_argument("--max-running-requests", type=int, default=64)
+    serve.add_argument("--schedule-policy", default="lpm")
+    serve.add_argument("--chunked-prefill-size", type=int, default=2048)
+    serve.add_argument("--disable-prefix-cache", action="store_true")
+    serve.add_argument("--attention-backend", default="auto")
+    serve.add_argument("--dtype", default="float32")
+    serve.add_argument("--device", default="cpu")
+    serve.add_argument("--seed", type=int, default=0)
+    serve.set_defaults(func=_serve)
 
     demo = sub.add_parser("cache-demo", help="a multi-turn chat workload through the tree")
     demo.add_argument("--page-size", type=int, default=16)

@@ -77,11 +77,24 @@ class Engine:
         outs = [f.result() for f in futures]
         return _group(outs, single)
 
-    async def async_generate(self, prompt=None, sampling_params=None, **kwargs) -> dict | list:
-        reqs, single = self._make_requests(
-            prompt, sampling_params, kwargs.get("input_ids"), kwargs.get("namespace")
-        )
-        outs = await asyncio.gather(*(asyncio.wrap_future(self._submit(r)) for r in reqs))
+    async def async_generate(
+        self,
+        prompt=None,
+        sampling_params=None,
+        *,
+        input_ids=None,
+        namespace: object = None,
+        rid: str | None = None,
+    ) -> dict | list:
+        """``generate`` for asyncio callers; cancelling it aborts its requests."""
+        reqs, single = self._make_requests(prompt, sampling_params, input_ids, namespace, rid)
+        futures = [asyncio.wrap_future(self._submit(r)) for r in reqs]
+        try:
+            outs = await asyncio.gather(*futures)
+        except asyncio.CancelledError:
+            for req in reqs:
+                self.abort(req.rid)
+            raise
         return _group(list(outs), single)
 
     async def generate_stream(
@@ -91,21 +104,30 @@ class Engine:
         *,
         input_ids: Sequence[int] | None = None,
         namespace: object = None,
+        rid: str | None = None,
     ) -> AsyncIterator[dict]:
         """Yield ``{"text": delta, "token_ids": new ids, "finished": bool, ...}`` chunks;
-        the last chunk also carries ``meta_info``."""
-        reqs, _ = self._make_requests(prompt, sampling_params, input_ids, namespace)
+        the last chunk also carries ``meta_info``. Closing the iterator early aborts."""
+        reqs, _ = self._make_requests(prompt, sampling_params, input_ids, namespace, rid)
         if len(reqs) != 1:
             raise ValueError("generate_stream takes one prompt with n=1")
         req = reqs[0]
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        sent = {"tokens": 0, "text": ""}
 
         def listener(r: Req, done: bool) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, done)
 
         self._submit(req, listener)
+        try:
+            async for chunk in self._stream_chunks(req, queue):
+                yield chunk
+        finally:
+            if not req.finished and not self._stopping:
+                self.abort(req.rid)
+
+    async def _stream_chunks(self, req: Req, queue: asyncio.Queue) -> AsyncIterator[dict]:
+        sent = {"tokens": 0, "text": ""}
         while True:
             done = await queue.get()
             text = req.text if done else _stable_text(req.text, req.params.stop)
@@ -209,7 +231,7 @@ class Engine:
 
     # ---- requests ------------------------------------------------------------------------
 
-    def _make_requests(self, prompt, sampling_params, input_ids, namespace):
+    def _make_requests(self, prompt, sampling_params, input_ids, namespace, rid=None):
         if (prompt is None) == (input_ids is None):
             raise ValueError("pass exactly one of prompt and input_ids")
         if prompt is not None:
@@ -232,6 +254,10 @@ class Engine:
             for _ in range(p.n):
                 seeded = p if p.seed is None or p.n == 1 else replace(p, seed=p.seed + len(reqs))
                 reqs.append(Req(f"req-{next(self._ids)}", arr, seeded, namespace))
+        if rid is not None:
+            if len(reqs) != 1:
+                raise ValueError("an explicit rid names exactly one request")
+            reqs[0].rid = rid
         return reqs, single
 
     def _check_prompt(self, tokens, params: SamplingParams) -> np.ndarray:

@@ -1,0 +1,74 @@
+"""Prometheus metrics: engine counters read at scrape time, latency histograms observed as
+requests finish."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from radixserve.engine import Engine
+
+_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class _EngineCollector:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        s = self.engine.cache_stats()
+        counters = {
+            "radixserve_prefix_cache_queries": ("prompt tokens looked up", s["queried_tokens"]),
+            "radixserve_prefix_cache_hits": (
+                "prompt tokens served from the cache",
+                s["hit_tokens"],
+            ),
+            "radixserve_generation_tokens": ("tokens generated", s["generated_tokens"]),
+            "radixserve_requests_finished": ("requests finished", s["finished_requests"]),
+            "radixserve_preemptions": ("requests preempted", s["preemptions"]),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(name, doc, value=value)
+        gauges = {
+            "radixserve_requests_running": ("requests running", s["running"]),
+            "radixserve_requests_waiting": ("requests waiting", s["waiting"]),
+            "radixserve_kv_cache_usage": ("share of KV slots in use", s["kv_usage"]),
+            "radixserve_prefix_cache_tokens": ("tokens held by the tree", s["cached_tokens"]),
+            "radixserve_generation_throughput": (
+                "generated tokens per second since start",
+                s["generation_throughput"],
+            ),
+            "radixserve_memory_dedup_ratio": (
+                "context tokens of running requests per distinct KV slot",
+                s["memory_dedup_ratio"],
+            ),
+        }
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(name, doc, value=value)
+
+
+class ServerMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(engine))
+        self.ttft = Histogram(
+            "radixserve_time_to_first_token_seconds",
+            "time from arrival to the first token",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "radixserve_e2e_request_latency_seconds",
+            "time from arrival to the last token",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+
+    def observe(self, meta: dict) -> None:
+        self.ttft.observe(meta["ttft_s"])
+        self.e2e.observe(meta["latency_s"])
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,110 @@
+"""Engine outputs in the shapes of the OpenAI API: choices, stream chunks, usage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def finish_reason(meta: dict) -> str | None:
+    kind = meta["finish_reason"]["type"]
+    return _FINISH.get(kind, "error") if kind else None
+
+
+def usage(outs: list[dict], n: int) -> dict:
+    """Prompt tokens once per prompt (its n samples share it), completion tokens for all."""
+    metas = [o["meta_info"] for o in outs]
+    groups = [metas[i : i + n] for i in range(0, len(metas), n)]
+    prompt = sum(g[0]["prompt_tokens"] for g in groups)
+    completion = sum(m["completion_tokens"] for m in metas)
+    cached = sum(max(m["cached_tokens"] for m in g) for g in groups)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _token(tok, token_id: int) -> str:
+    return tok.decode([token_id])
+
+
+def completion_choice(index: int, out: dict, tok, top: int | None) -> dict:
+    meta = out["meta_info"]
+    logprobs = None
+    if top is not None:
+        pairs = meta.get("output_token_logprobs", [])
+        logprobs = {
+            "tokens": [_token(tok, t) for _, t in pairs],
+            "token_logprobs": [lp for lp, _ in pairs],
+            "top_logprobs": [
+                {_token(tok, t): lp for lp, t in alts}
+                for alts in meta.get("output_top_logprobs", [])
+            ]
+            or None,
+        }
+    return {
+        "index": index,
+        "text": out["text"],
+        "logprobs": logprobs,
+        "finish_reason": finish_reason(meta),
+    }
+
+
+def chat_choice(index: int, out: dict, tok, with_logprobs: bool) -> dict:
+    meta = out["meta_info"]
+    logprobs = None
+    if with_logprobs:
+        tops = meta.get("output_top_logprobs") or [[]] * len(meta["output_token_logprobs"])
+        logprobs = {
+            "content": [
+                {
+                    "token": _token(tok, t),
+                    "logprob": lp,
+                    "bytes": None,
+                    "top_logprobs": [
+                        {"token": _token(tok, a), "logprob": alp, "bytes": None} for alp, a in alts
+                    ],
+                }
+                for (lp, t), alts in zip(meta["output_token_logprobs"], tops, strict=True)
+            ]
+        }
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": out["text"]},
+        "logprobs": logprobs,
+        "finish_reason": finish_reason(meta),
+    }
+
+
+def completion_chunk(rid: str, created: int, model: str, index: int, chunk: dict) -> dict:
+    reason = finish_reason(chunk["meta_info"]) if chunk["finished"] else None
+    choice: dict[str, Any] = {
+        "index": index,
+        "text": chunk["text"],
+        "logprobs": None,
+        "finish_reason": reason,
+    }
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+
+
+def chat_chunk(rid: str, created: int, model: str, index: int, chunk: dict, first: bool) -> dict:
+    delta: dict[str, Any] = {"content": chunk["text"]}
+    if first:
+        delta["role"] = "assistant"
+    reason = finish_reason(chunk["meta_info"]) if chunk["finished"] else None
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}],
+    }

@@ -1,0 +1,218 @@
+"""The HTTP server on a free loopback port, spoken to with the official openai client and
+plain HTTP: completions, chat, streaming, usage with cached tokens, native routes, errors,
+tenant isolation and client disconnects."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from radixserve import Engine
+from radixserve.server import create_app
+
+KEYS = {"key-alice": "alice", "key-bob": "bob"}
+SYSTEM = "You are a careful grader. " * 12
+
+
+def _serve(app):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = Engine("tiny", page_size=4, check_invariants=True)
+    srv, thread, url = _serve(create_app(engine, "tiny"))
+    yield url, engine
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def keyed():
+    engine = Engine("tiny", page_size=4)
+    srv, thread, url = _serve(create_app(engine, "tiny", api_keys=KEYS))
+    yield url, engine
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+def client(url, key="none"):
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+
+
+def test_chat_reports_cached_tokens_on_a_shared_prefix(server):
+    url, _ = server
+    c = client(url)
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "first?"}]
+    first = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, temperature=0)
+    assert first.choices[0].message.role == "assistant"
+    assert first.usage.completion_tokens <= 5
+    msgs[1]["content"] = "second?"
+    second = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 40 and cached > first.usage.prompt_tokens_details.cached_tokens
+
+
+def test_completions_forms_n_and_logprobs(server):
+    url, _ = server
+    c = client(url)
+    out = c.completions.create(model="tiny", prompt=["a b c", "d e f"], max_tokens=3, temperature=0)
+    assert [ch.index for ch in out.choices] == [0, 1]
+    assert out.usage.completion_tokens <= 6
+    ids = c.completions.create(model="tiny", prompt=[5, 6, 7, 8], max_tokens=2, temperature=0)
+    assert ids.choices[0].finish_reason in ("length", "stop")
+    many = c.completions.create(model="tiny", prompt="x y", max_tokens=2, n=3, seed=1)
+    assert len(many.choices) == 3
+    lp = c.completions.create(model="tiny", prompt="x y", max_tokens=2, logprobs=2, temperature=0)
+    assert len(lp.choices[0].logprobs.token_logprobs) == lp.usage.completion_tokens
+
+
+def test_streaming_chat_and_usage(server):
+    url, _ = server
+    c = client(url)
+    msgs = [{"role": "user", "content": "stream me"}]
+    plain = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0)
+    stream = c.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == plain.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert any(ch.choices and ch.choices[0].finish_reason for ch in chunks)
+
+
+def test_async_client_under_concurrent_load(server):
+    url, engine = server
+
+    async def go():
+        c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        calls = [
+            c.completions.create(model="tiny", prompt=f"{SYSTEM} q{i}", max_tokens=4, temperature=0)
+            for i in range(24)
+        ]
+        return await asyncio.gather(*calls)
+
+    outs = asyncio.run(go())
+    assert len(outs) == 24
+    assert sum(o.usage.prompt_tokens_details.cached_tokens for o in outs) > 0
+    engine.check_invariants()
+
+
+def test_native_and_operational_routes(server):
+    url, _ = server
+    r = httpx.post(
+        url + "/generate",
+        json={"text": "hello", "sampling_params": {"max_new_tokens": 3, "temperature": 0}},
+    )
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 3
+    r = httpx.post(
+        url + "/generate",
+        json={"input_ids": [5, 6, 7], "stream": True, "sampling_params": {"max_new_tokens": 3}},
+    )
+    lines = [x for x in r.text.splitlines() if x.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["finished"]
+    assert httpx.get(url + "/health").json() == {"status": "ok"}
+    assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "tiny"
+    metrics = httpx.get(url + "/metrics").text
+    for name in (
+        "radixserve_prefix_cache_queries_total",
+        "radixserve_prefix_cache_hits_total",
+        "radixserve_requests_running",
+        "radixserve_kv_cache_usage",
+        "radixserve_time_to_first_token_seconds_bucket",
+        "radixserve_e2e_request_latency_seconds_count",
+    ):
+        assert name in metrics
+    assert "token_hit_rate" in httpx.get(url + "/server_info").json()
+    assert httpx.post(url + "/flush_cache").json() == {"flushed": True}
+
+
+@pytest.mark.parametrize(
+    "payload, needle",
+    [
+        (b"{not json", ""),
+        ({"model": "gpt-9", "prompt": "x"}, "not served here"),
+        ({"prompt": "x", "max_tokens": "many"}, "max_tokens"),
+        ({"prompt": "x", "temperature": 5}, "temperature"),
+        ({"prompt": "x", "top_p": 0}, "top_p"),
+        ({"prompt": [1, 2, 99999999]}, "token ids"),
+        ({"prompt": "word " * 5000}, "serves at most"),
+        ({"prompt": ""}, "empty"),
+    ],
+)
+def test_bad_requests_get_400_and_the_server_keeps_serving(server, payload, needle):
+    url, _ = server
+    if isinstance(payload, bytes):
+        headers = {"content-type": "application/json"}
+        r = httpx.post(url + "/v1/completions", content=payload, headers=headers)
+    else:
+        r = httpx.post(url + "/v1/completions", json=payload)
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]["message"]
+    ok = httpx.post(url + "/v1/completions", json={"prompt": "still", "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_oversized_body_is_refused(server):
+    url, _ = server
+    headers = {"content-type": "application/json"}
+    r = httpx.post(url + "/v1/completions", content=b"x" * (9 * 1024 * 1024), headers=headers)
+    assert r.status_code == 413
+
+
+def test_client_disconnect_aborts_and_frees(server):
+    url, engine = server
+    body = {"prompt": "go on", "max_tokens": 3000, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # one chunk, then hang up
+    for _ in range(100):
+        stats = engine.cache_stats()
+        if stats["running"] == 0:
+            break
+        time.sleep(0.05)
+    assert stats["running"] == 0 and stats["kv_used"] == stats["cached_tokens"]
+    assert stats["generated_tokens"] < 3000
+    engine.check_invariants()
+
+
+def test_api_keys_and_tenant_isolation(keyed):
+    url, _ = keyed
+    with pytest.raises(openai.AuthenticationError):
+        client(url, "wrong").completions.create(model="tiny", prompt="x", max_tokens=1)
+    assert httpx.post(url + "/v1/completions", json={"prompt": "x"}).status_code == 401
+    prompt = SYSTEM + " secret question"
+    alice, bob = client(url, "key-alice"), client(url, "key-bob")
+    a1 = alice.completions.create(model="tiny", prompt=prompt, max_tokens=1)
+    a2 = alice.completions.create(model="tiny", prompt=prompt, max_tokens=1)
+    b1 = bob.completions.create(model="tiny", prompt=prompt, max_tokens=1)
+    assert a1.usage.prompt_tokens_details.cached_tokens == 0
+    assert a2.usage.prompt_tokens_details.cached_tokens > 0
+    assert b1.usage.prompt_tokens_details.cached_tokens == 0  # never alice's prefix
+    salted = alice.completions.create(
+        model="tiny", prompt=prompt, max_tokens=1, extra_body={"cache_salt": "s1"}
+    )
+    assert salted.usage.prompt_tokens_details.cached_tokens == 0
