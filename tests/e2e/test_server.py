@@ -216,3 +216,40 @@ def test_api_keys_and_tenant_isolation(keyed):
         model="tiny", prompt=prompt, max_tokens=1, extra_body={"cache_salt": "s1"}
     )
     assert salted.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_same_salt_shares_and_metrics_move(server):
+    url, _ = server
+    c = client(url)
+
+    def counter(name):
+        for line in httpx.get(url + "/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(name)
+
+    before = counter("radixserve_prefix_cache_queries_total")
+    prompt = SYSTEM + " salted"
+    s1 = c.completions.create(
+        model="tiny", prompt=prompt, max_tokens=1, extra_body={"cache_salt": "team"}
+    )
+    s2 = c.completions.create(
+        model="tiny", prompt=prompt, max_tokens=1, extra_body={"cache_salt": "team"}
+    )
+    assert s1.usage.prompt_tokens_details.cached_tokens == 0
+    assert s2.usage.prompt_tokens_details.cached_tokens > 0
+    assert counter("radixserve_prefix_cache_queries_total") >= before + 2 * s1.usage.prompt_tokens
+    assert counter("radixserve_prefix_cache_hits_total") > 0
+
+
+def test_stop_strings_over_http(server):
+    url, _ = server
+    c = client(url)
+    base = c.completions.create(model="tiny", prompt="the tree", max_tokens=8, temperature=0)
+    words = base.choices[0].text.split()
+    stop = words[1] if len(words) > 1 else base.choices[0].text[-2:]
+    out = c.completions.create(
+        model="tiny", prompt="the tree", max_tokens=8, temperature=0, stop=[stop]
+    )
+    assert stop not in out.choices[0].text
+    assert out.choices[0].finish_reason == "stop"
