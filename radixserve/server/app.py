@@ -309,14 +309,7 @@ async def _completion_events(chunks, rid, created, model, tok, body) -> AsyncIte
         if chunk["finished"]:
             metas.append({"meta_info": chunk["meta_info"]})
     if body.stream_options and body.stream_options.include_usage:
-        yield {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [],
-            "usage": usage(metas, body.n),
-        }
+        yield _usage_event(rid, "text_completion", created, model, metas, body.n)
 
 
 async def _chat_events(chunks, rid, created, model, body) -> AsyncIterator[dict]:
@@ -328,11 +321,17 @@ async def _chat_events(chunks, rid, created, model, body) -> AsyncIterator[dict]
         if chunk["finished"]:
             metas.append({"meta_info": chunk["meta_info"]})
     if body.stream_options and body.stream_options.include_usage:
-        yield {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [],
-            "usage": usage(metas, body.n),
-        }
+        yield _usage_event(rid, "chat.completion.chunk", created, model, metas, body.n)
+
+
+def _usage_event(rid: str, kind: str, created: int, model: str, metas: list, n: int) -> dict:
+    """The last streamed event when the client asked for usage: no choices, only usage."""
+    usage_ = usage(metas, n)
+    return {
+        "id": rid,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_,
+    }
