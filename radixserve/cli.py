@@ -108,6 +108,56 @@ def _bench_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_serve(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from radixserve.bench.report import print_table, write_json
+    from radixserve.bench.serve_bench import ServeBenchConfig, run_serve_bench
+
+    cfg = ServeBenchConfig(
+        model=args.model,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        max_tokens=args.max_tokens,
+        system_prompts=args.system_prompts,
+        page_size=args.page_size,
+        configs=tuple(args.configs),
+        seed=args.seed,
+    )
+    with Progress(transient=True) as progress:
+        task = progress.add_task("bench serve", total=cfg.requests * len(cfg.configs))
+        rows = run_serve_bench(cfg, lambda: progress.advance(task))
+    columns = [
+        ("config", "cache"),
+        ("errors", "errors"),
+        ("req_s", "req/s"),
+        ("ttft_p50_ms", "TTFT p50 ms"),
+        ("ttft_p99_ms", "TTFT p99 ms"),
+        ("itl_p50_ms", "ITL p50 ms"),
+        ("itl_p99_ms", "ITL p99 ms"),
+        ("hit_rate", "hit rate"),
+        ("speedup", "speedup"),
+        ("invariants", "invariants"),
+        ("shutdown", "SIGTERM"),
+    ]
+    rate = "all at once" if cfg.request_rate == float("inf") else f"{cfg.request_rate:g} req/s"
+    title = (
+        f"{cfg.model} over HTTP: {cfg.requests} streamed chats, {cfg.system_prompts} shared "
+        f"system prompts, {cfg.concurrency} concurrent, {rate}, {cfg.max_tokens} tokens each"
+    )
+    print_table(title, rows, columns)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), "rows": rows})
+    failed = [
+        r for r in rows if r["errors"] or r["invariants"] != "ok" or r["shutdown"] != "graceful"
+    ]
+    for r in failed:
+        why = r["first_error"] or f"invariants {r['invariants']}, shutdown {r['shutdown']}"
+        print(f"{r['config']}: failed: {why}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from radixserve.bench.demo import DemoWorkload, print_results, run_demo
 
@@ -146,7 +196,15 @@ def _serve(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     app = create_app(engine, args.served_model_name or args.model, keys)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    # On SIGINT/SIGTERM uvicorn stops accepting and lets open requests finish; past the
+    # timeout it cancels them, and the app's shutdown aborts what the engine still holds.
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        timeout_graceful_shutdown=args.shutdown_timeout,
+    )
     return 0
 
 
@@ -186,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", default="float32")
     serve.add_argument("--device", default="cpu")
     serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds open requests may run on after SIGTERM before they are aborted",
+    )
     serve.set_defaults(func=_serve)
 
     demo = sub.add_parser("cache-demo", help="a multi-turn chat workload through the tree")
@@ -217,6 +281,20 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--quick", action="store_true", help="small shapes, for smoke tests")
     model.add_argument("--json", help="write the rows to this file")
     model.set_defaults(func=_bench_model)
+    load = bench.add_parser("serve", help="a load check of the HTTP server over loopback")
+    load.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    load.add_argument("--requests", type=int, default=256)
+    load.add_argument("--concurrency", type=int, default=64)
+    load.add_argument(
+        "--request-rate", type=float, default=float("inf"), help="req/s (default: all at once)"
+    )
+    load.add_argument("--max-tokens", type=int, default=32)
+    load.add_argument("--system-prompts", type=int, default=4)
+    load.add_argument("--page-size", type=int, default=16)
+    load.add_argument("--configs", nargs="+", default=["radix", "off"], help="radix and/or off")
+    load.add_argument("--json", help="write the rows to this file")
+    load.add_argument("--seed", type=int, default=0)
+    load.set_defaults(func=_bench_serve)
     return parser
 
 

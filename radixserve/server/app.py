@@ -16,6 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from radixserve.cache import CacheInvariantError
 from radixserve.engine import Engine, SamplingParams
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.openai_format import (
@@ -29,6 +30,7 @@ from radixserve.server.protocol import ChatCompletionRequest, CompletionRequest,
 
 logger = logging.getLogger("radixserve.server")
 MAX_BODY_BYTES = 8 * 1024 * 1024
+SHUTDOWN_COMPLETE = "shutdown complete: engine stopped"
 
 
 class ApiError(Exception):
@@ -69,6 +71,7 @@ def create_app(
         yield
         task.cancel()
         engine.shutdown()  # stops admitting; aborts what is in flight
+        logger.info(SHUTDOWN_COMPLETE)
 
     app = FastAPI(title="radixserve", lifespan=lifespan)
 
@@ -214,6 +217,15 @@ def create_app(
     async def server_info():
         stats = await asyncio.to_thread(engine.cache_stats)
         return {"model": model_name, "config": engine.config.__dict__, **stats}
+
+    @app.get("/check_invariants")
+    async def check_invariants():
+        """Audit cache and slot accounting; load checks call it after a run."""
+        try:
+            await asyncio.to_thread(engine.check_invariants)
+        except CacheInvariantError as exc:
+            return JSONResponse({"ok": False, "error": str(exc)}, status_code=500)
+        return {"ok": True}
 
     @app.post("/flush_cache")
     async def flush_cache():
