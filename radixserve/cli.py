@@ -283,12 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.set_defaults(func=_bench_model)
     load = bench.add_parser("serve", help="a load check of the HTTP server over loopback")
     load.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
-    load.add_argument("--requests", type=int, default=256)
+    load.add_argument("--requests", type=int, default=128)
     load.add_argument("--concurrency", type=int, default=64)
     load.add_argument(
         "--request-rate", type=float, default=float("inf"), help="req/s (default: all at once)"
     )
-    load.add_argument("--max-tokens", type=int, default=32)
+    load.add_argument("--max-tokens", type=int, default=16)
     load.add_argument("--system-prompts", type=int, default=4)
     load.add_argument("--page-size", type=int, default=16)
     load.add_argument("--configs", nargs="+", default=["radix", "off"], help="radix and/or off")

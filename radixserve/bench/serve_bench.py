@@ -25,10 +25,10 @@ from radixserve.model.tokenizer import _corpus
 @dataclass(frozen=True)
 class ServeBenchConfig:
     model: str = "bench-135m"
-    requests: int = 256
+    requests: int = 128
     concurrency: int = 64
     request_rate: float = float("inf")  # requests per second; inf sends all at once
-    max_tokens: int = 32
+    max_tokens: int = 16
     system_prompts: int = 4
     system_sentences: int = 24
     page_size: int = 16
@@ -107,7 +107,9 @@ async def _stream_chat(
                         u["completion_tokens"],
                     )
                     rec.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
-                if any(c["delta"].get("content") for c in event.get("choices", [])):
+                # Each chunk is one scheduler step's tokens; its text may be empty (a special
+                # token, a held-back stop prefix), so arrival is timed by chunk, not by text.
+                if event.get("choices"):
                     now = time.perf_counter()
                     if rec.ttft_s == 0.0:
                         rec.ttft_s = now - start
