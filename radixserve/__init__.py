@@ -10,9 +10,24 @@ def __getattr__(name: str):
         import radixserve.engine as engine
 
         return getattr(engine, name)
+    if name in _LANG:
+        import radixserve.lang as lang
+
+        return getattr(lang, name)
     raise AttributeError(f"module 'radixserve' has no attribute {name!r}")
 
 
+_LANG = (
+    "ProgramError",
+    "RuntimeEndpoint",
+    "assistant",
+    "function",
+    "gen",
+    "select",
+    "set_default_backend",
+    "system",
+    "user",
+)
 __version__ = "0.1.0"
 
 __all__ = [
@@ -26,4 +41,5 @@ __all__ = [
     "ReqToTokenTable",
     "SamplingParams",
     "__version__",
+    *_LANG,
 ]

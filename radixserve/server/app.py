@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from radixserve.cache import CacheInvariantError
 from radixserve.engine import Engine, SamplingParams
+from radixserve.model.chat_format import ChatFormat
 from radixserve.server.metrics import ServerMetrics
 from radixserve.server.openai_format import (
     chat_choice,
@@ -26,7 +27,13 @@ from radixserve.server.openai_format import (
     completion_chunk,
     usage,
 )
-from radixserve.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from radixserve.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    TokenizeRequest,
+)
 
 logger = logging.getLogger("radixserve.server")
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -213,10 +220,35 @@ def create_app(
         text = await asyncio.to_thread(metrics.render)
         return PlainTextResponse(text, media_type=metrics.content_type)
 
+    try:  # what frontend programs need to open and close roles themselves
+        chat_format = ChatFormat.from_tokenizer(engine.tokenizer).to_dict()
+    except ValueError:
+        chat_format = None
+
     @app.get("/server_info")
     async def server_info():
         stats = await asyncio.to_thread(engine.cache_stats)
-        return {"model": model_name, "config": engine.config.__dict__, **stats}
+        return {
+            "model": model_name,
+            "config": engine.config.__dict__,
+            "context_len": engine.context_len,
+            "chat_format": chat_format,
+            **stats,
+        }
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest, _: str | None = Depends(tenant)):
+        check_model(body.model)
+        ids = engine.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)
+        tokens = ids["input_ids"]
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.context_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest, _: str | None = Depends(tenant)):
+        check_model(body.model)
+        if any(t < 0 or t >= engine.vocab_size for t in body.tokens):
+            raise ValueError(f"token ids must lie in [0, {engine.vocab_size})")
+        return {"prompt": engine.tokenizer.decode(body.tokens)}
 
     @app.get("/check_invariants")
     async def check_invariants():

@@ -79,3 +79,14 @@ class GenerateRequest(_Body):
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     cache_salt: str | None = None
+
+
+class TokenizeRequest(_Body):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]

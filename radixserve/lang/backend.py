@@ -1,0 +1,91 @@
+"""What a program needs from a model: tokenize, generate from token ids, score choices.
+
+Programs send token ids, never text, so every call extends exactly the ids of the earlier
+context and the prefix cache sees the same tokens each time."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+
+from radixserve.engine import Engine, SamplingParams
+from radixserve.model.chat_format import ChatFormat
+
+OnText = Callable[[str], None]
+
+
+class BaseBackend(ABC):
+    @property
+    @abstractmethod
+    def chat_format(self) -> ChatFormat: ...
+
+    @abstractmethod
+    def tokenize(self, text: str) -> list[int]:
+        """Ids of ``text`` on its own, special-token markers included, no BOS added."""
+
+    @abstractmethod
+    def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, on_text: OnText | None = None
+    ) -> dict:
+        """One completion as the engine returns it (``text``, ``token_ids``, ``meta_info``);
+        with ``on_text`` the text arrives piece by piece as it is generated."""
+
+    @abstractmethod
+    def score(self, context_ids: Sequence[int], choices: Sequence[Sequence[int]]) -> list[dict]:
+        """One output per choice, all in one batch, each with ``input_token_logprobs`` for
+        the choice's tokens given the context."""
+
+
+def scoring_params(context_len: int) -> SamplingParams:
+    """Prompt log-probabilities from the first choice token on; one throwaway new token."""
+    return SamplingParams(
+        max_new_tokens=1, temperature=0, return_logprob=True, logprob_start_len=context_len
+    )
+
+
+class EngineBackend(BaseBackend):
+    """The in-process ``Engine``; calls block the program's own thread, not the engine's."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @functools.cached_property
+    def chat_format(self) -> ChatFormat:
+        return ChatFormat.from_tokenizer(self.engine.tokenizer)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, on_text: OnText | None = None
+    ) -> dict:
+        if on_text is None:
+            return self.engine.generate(input_ids=list(input_ids), sampling_params=params)
+        return asyncio.run(self._stream(list(input_ids), params, on_text))
+
+    async def _stream(self, input_ids: list[int], params: SamplingParams, on_text: OnText):
+        ids: list[int] = []
+        text = ""
+        async for chunk in self.engine.generate_stream(input_ids=input_ids, sampling_params=params):
+            ids += chunk["token_ids"]
+            text += chunk["text"]
+            if chunk["text"]:
+                on_text(chunk["text"])
+            if chunk["finished"]:
+                return {"text": text, "token_ids": ids, "meta_info": chunk["meta_info"]}
+        raise RuntimeError("the engine's stream ended without a final chunk")
+
+    def score(self, context_ids: Sequence[int], choices: Sequence[Sequence[int]]) -> list[dict]:
+        prompts = [[*context_ids, *c] for c in choices]
+        params = scoring_params(len(context_ids))
+        return self.engine.generate(input_ids=prompts, sampling_params=params)
+
+
+def as_backend(backend: BaseBackend | Engine) -> BaseBackend:
+    if isinstance(backend, BaseBackend):
+        return backend
+    if isinstance(backend, Engine):
+        return EngineBackend(backend)
+    raise TypeError(f"backend must be an Engine or a RuntimeEndpoint, got {type(backend)!r}")
