@@ -158,6 +158,49 @@ def _bench_serve(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _bench_lang(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from radixserve.bench.lang_bench import PROGRAMS, LangBenchConfig, run_lang_bench
+    from radixserve.bench.report import print_table, write_json
+
+    cfg = LangBenchConfig(model=args.model, rounds=args.rounds, seed=args.seed)
+    if args.quick:
+        cfg = LangBenchConfig(
+            model=args.model,
+            few_shot_questions=12,
+            tot_programs=2,
+            tot_width=2,
+            max_tokens=4,
+            rounds=1,
+            seed=args.seed,
+        )
+    programs = list(PROGRAMS) if args.programs == ["all"] else args.programs
+    if unknown := set(programs) - set(PROGRAMS):
+        raise ValueError(f"unknown programs {sorted(unknown)}; choose from {sorted(PROGRAMS)}")
+    with Progress(transient=True) as progress:
+        task = progress.add_task("bench lang", total=len(programs) * 2 * cfg.rounds)
+        rows = run_lang_bench(
+            cfg, programs, lambda label: progress.update(task, advance=1, description=label)
+        )
+    columns = [
+        ("program", "program"),
+        ("cache", "cache"),
+        ("programs", "programs"),
+        ("calls", "calls"),
+        ("prompt_tokens", "prompt tokens"),
+        ("programs_s", "programs/s"),
+        ("speedup", "speedup"),
+        ("hit_rate", "hit rate"),
+        ("optimal_hit_rate", "optimal"),
+        ("of_optimal", "of optimal"),
+    ]
+    print_table(f"{cfg.model}: DSL programs with run_batch", rows, columns)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), "rows": rows})
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from radixserve.bench.demo import DemoWorkload, print_results, run_demo
 
@@ -295,6 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--json", help="write the rows to this file")
     load.add_argument("--seed", type=int, default=0)
     load.set_defaults(func=_bench_serve)
+    lang = bench.add_parser("lang", help="DSL programs, prefix cache on and off")
+    lang.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    lang.add_argument("--programs", nargs="+", default=["all"], help="few-shot, tree-of-thought")
+    lang.add_argument("--rounds", type=int, default=1)
+    lang.add_argument("--quick", action="store_true", help="small batches, for smoke tests")
+    lang.add_argument("--json", help="write the rows to this file")
+    lang.add_argument("--seed", type=int, default=0)
+    lang.set_defaults(func=_bench_lang)
     return parser
 
 

@@ -289,11 +289,7 @@ class Engine:
         def command() -> None:
             self._reqs[req.rid] = req
             self._listeners[req.rid] = on_update
-            if req.params.max_new_tokens == 0:
-                req.state, req.finish_reason = ReqState.FINISHED, "length"
-                self._finish(req)
-            else:
-                self.scheduler.add(req)
+            self.scheduler.add(req)
 
         self._post(command)
         return future
@@ -356,10 +352,11 @@ class Engine:
             if req.first_token_s is None:
                 req.first_token_s = now
         finished = self.scheduler.process(batch, dict(zip(sampled, tokens, strict=True)))
+        for req in finished:
+            self._finish(req)
+        done = set(finished)
         for req in sampled:
-            if req in finished:
-                self._finish(req)
-            else:
+            if req not in done:
                 self._listeners[req.rid](req, False)
         if self.config.check_invariants:
             self.cache.check_invariants(self.scheduler.slots_held)

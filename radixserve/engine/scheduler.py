@@ -35,9 +35,14 @@ class Work:
     end: int
 
     @property
-    def samples(self) -> bool:
-        """Whether this pass reaches the end of the sequence, so its logits give a token."""
+    def reaches_end(self) -> bool:
         return self.end == self.req.seq_len
+
+    @property
+    def samples(self) -> bool:
+        """Whether this pass's logits give a token: it reaches the end of the sequence of a
+        request that wants tokens (``max_new_tokens=0`` only fills the cache)."""
+        return self.reaches_end and self.req.params.max_new_tokens > 0
 
 
 @dataclass(frozen=True)
@@ -261,10 +266,11 @@ class Scheduler:
             req.computed_len = item.end
             if not batch.decode:
                 self._cache_unfinished(req)
-            if not item.samples:
-                continue
-            req.output_ids.append(next_tokens[req])
-            self.finish_check(req)
+            if item.samples:
+                req.output_ids.append(next_tokens[req])
+                self.finish_check(req)
+            elif item.reaches_end:  # a prefill-only request is done once its prompt is cached
+                req.finish_reason, req.state = "length", ReqState.FINISHED
             if req.finished:
                 self.running.remove(req)
                 self._cache_and_release(req)

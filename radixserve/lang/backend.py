@@ -37,6 +37,11 @@ class BaseBackend(ABC):
         """One output per choice, all in one batch, each with ``input_token_logprobs`` for
         the choice's tokens given the context."""
 
+    def cache_prefix(self, input_ids: Sequence[int]) -> dict:
+        """Compute and cache ``input_ids`` without generating: before a fork, so every branch
+        finds the shared context cached instead of racing to compute it."""
+        return self.generate(input_ids, SamplingParams(max_new_tokens=0))
+
 
 def scoring_params(context_len: int) -> SamplingParams:
     """Prompt log-probabilities from the first choice token on; one throwaway new token."""

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from radixserve.lang.backend import BaseBackend
+from radixserve.lang.fork_group import ForkGroup
 from radixserve.lang.primitives import Gen, Role, Select
 
 
@@ -40,6 +41,7 @@ class ProgramState:
         self._ops: queue.Queue = queue.Queue()
         self._pieces: queue.Queue = queue.Queue()  # text as it is produced, for text_iter
         self.children: list[ProgramState] = []
+        self._group: ForkGroup | None = None  # siblings to meet at the first model call
         threading.Thread(target=self._work, daemon=True, name="radixserve-program").start()
 
     # ---- building the program ----------------------------------------------------------
@@ -79,13 +81,17 @@ class ProgramState:
             raise ValueError(f"fork needs n >= 1, got {n}")
         self.sync()
         self._raise_if_failed()
+        group = ForkGroup(self.backend.cache_prefix) if n > 1 else None
         branches = []
         for _ in range(n):
             b = ProgramState(self.backend, self.defaults, self.stream)
             b._ids, b._text, b._role = list(self._ids), self._text, self._role
             b._messages = list(self._messages)
             b._vars, b._meta = dict(self._vars), dict(self._meta)
+            b._group = group
             branches.append(b)
+        if group is not None:
+            group.members = list(branches)
         self.children += branches
         return branches
 
@@ -200,8 +206,14 @@ class ProgramState:
         self._role = None
         self._append(self.backend.chat_format.suffixes[role])
 
+    def _meet_siblings(self) -> None:
+        if self._group is not None:
+            self._group.arrive(self, list(self._ids), lambda b: b._idle())
+            self._group = None
+
     def _gen(self, gen: Gen) -> None:
         params = gen.params(self.defaults)
+        self._meet_siblings()
         on_text = self._pieces.put if self.stream else None
         out = self.backend.generate(self._ids, params, on_text)
         meta, text = out["meta_info"], out["text"]
@@ -220,6 +232,7 @@ class ProgramState:
 
     def _select(self, sel: Select) -> None:
         choices = [self.backend.tokenize(c) for c in sel.choices]
+        self._meet_siblings()
         outs = self.backend.score(self._ids, choices)
         scores = []
         for out in outs:

@@ -102,6 +102,21 @@ def test_a_shared_prefix_is_reported_cached(engine):
     assert out["meta_info"]["cached_tokens"] == 28  # 30 shared, page-aligned to 4
 
 
+def test_max_new_tokens_zero_only_fills_the_cache(engine):
+    rng = np.random.default_rng(2)
+    prompt = rng.integers(3, 1000, 41).tolist()
+    fill = engine.generate(input_ids=prompt, sampling_params=SamplingParams(max_new_tokens=0))
+    assert fill["token_ids"] == [] and fill["text"] == ""
+    assert fill["meta_info"]["finish_reason"]["type"] == "length"
+    out = engine.generate(input_ids=[*prompt, 7], sampling_params=GREEDY)
+    assert out["meta_info"]["cached_tokens"] == 40  # the whole prompt, page-aligned
+    mixed = engine.generate(
+        input_ids=[prompt[:20] + [1], prompt[:20] + [2]],
+        sampling_params=[SamplingParams(max_new_tokens=0), GREEDY],
+    )
+    assert [len(o["token_ids"]) for o in mixed] == [0, GREEDY.max_new_tokens]
+
+
 def test_a_follow_up_turn_hits_the_whole_previous_conversation(engine):
     tok = engine.tokenizer
     messages = [{"role": "user", "content": "why is the cache hot?"}]

@@ -145,6 +145,27 @@ def test_fork_branches_share_the_prefix_and_leave_the_parent_alone(backend):
         state.fork(0)
 
 
+def test_branches_compute_their_common_header_once_and_sequential_use_does_not_wait(backend):
+    @rs.function
+    def short_fork(s, question):
+        s += rs.system(SYSTEM)
+        s += rs.user(question)  # a few new tokens, then each branch adds the same header
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += rs.assistant(rs.gen("idea", max_tokens=4, temperature=0.9, seed=i))
+        a, b = s.fork(2)  # used one after the other: b only starts once a has finished
+        a += rs.gen("x", max_tokens=2)
+        a["x"]
+        b += rs.gen("x", max_tokens=2)
+        return forks
+
+    state = short_fork.run(question="Name a colour.", backend=backend)
+    for f in state.children[:3]:
+        meta = f.get_meta_info("idea")
+        assert meta["cached_tokens"] >= meta["prompt_tokens"] - 1
+    assert all(c["x"] is not None for c in state.children[3:])
+
+
 def test_streaming_yields_the_text_as_it_is_generated(backend):
     @rs.function
     def story(s):

@@ -115,3 +115,16 @@ def test_bad_arguments_fail_cleanly(capsys):
     assert "turns must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["no-such-command"])
+
+
+def test_optimal_hit_rate_counts_each_prefix_once_and_decoded_tokens_as_computed():
+    from radixserve.bench.lang_bench import Call, optimal_hit_rate
+
+    calls = [
+        Call([1, 2, 3, 4], [5, 6, 7], 0),
+        Call([1, 2, 3, 4, 5, 6, 7, 8], [9], 0),  # the conversation so far, extended
+        Call([1, 2, 9], [0], 0),
+    ]
+    # 9 distinct prompt prefixes; [..5] and [..6] were computed by the first call's decode
+    assert optimal_hit_rate(calls) == pytest.approx(1 - 7 / 15)
+    assert optimal_hit_rate([Call([1, 2], [3], 0)]) == 0.0

@@ -1,0 +1,211 @@
+"""``radixserve bench lang``: DSL programs run with ``run_batch``, prefix cache on and off.
+
+Every call a program makes is recorded, so the achieved token hit rate can be set next to
+the optimal one: each distinct prefix token computed once, with unlimited memory, where
+tokens a decode step already computed (a reply the next call extends) count as computed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from radixserve.engine import Engine, SamplingParams
+from radixserve.lang import EngineBackend, assistant, function, gen, system, user
+from radixserve.lang.backend import OnText
+from radixserve.model.tokenizer import _corpus
+
+
+@dataclass(frozen=True)
+class LangBenchConfig:
+    model: str = "bench-135m"
+    few_shot_questions: int = 64
+    few_shot_examples: int = 5
+    tot_programs: int = 8
+    tot_width: int = 3
+    tot_depth: int = 2
+    max_tokens: int = 16
+    page_size: int = 1
+    rounds: int = 1  # cache on/off alternate this many times; the best time of each is kept
+    seed: int = 0
+
+
+@dataclass
+class Call:
+    input_ids: list[int]
+    output_ids: list[int]
+    cached_tokens: int
+
+
+class RecordingBackend(EngineBackend):
+    """The engine backend, keeping every call's prompt, output and cached length."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.calls: list[Call] = []
+        self._lock = threading.Lock()
+
+    def _record(self, input_ids: Sequence[int], out: dict) -> None:
+        call = Call(list(input_ids), out["token_ids"], out["meta_info"]["cached_tokens"])
+        with self._lock:
+            self.calls.append(call)
+
+    def generate(
+        self, input_ids: Sequence[int], params: SamplingParams, on_text: OnText | None = None
+    ) -> dict:
+        out = super().generate(input_ids, params, on_text)
+        self._record(input_ids, out)
+        return out
+
+    def score(self, context_ids: Sequence[int], choices: Sequence[Sequence[int]]) -> list[dict]:
+        outs = super().score(context_ids, choices)
+        for choice, out in zip(choices, outs, strict=True):
+            self._record([*context_ids, *choice], out)
+        return outs
+
+
+class _Node:
+    __slots__ = ("children", "decoded", "needed")
+
+    def __init__(self) -> None:
+        self.children: dict[int, _Node] = {}
+        self.needed = self.decoded = False
+
+
+def optimal_hit_rate(calls: Sequence[Call]) -> float:
+    """1 - (distinct prompt prefixes no decode step computed) / (all prompt tokens)."""
+    root = _Node()
+
+    def walk(ids: Sequence[int], mark: Callable[[_Node, int], None]) -> None:
+        node = root
+        for depth, token in enumerate(ids):
+            node = node.children.setdefault(token, _Node())
+            mark(node, depth)
+
+    for c in calls:
+        walk(c.input_ids, lambda n, d: setattr(n, "needed", True))
+    for c in calls:  # a reply's tokens but the last had their K/V computed while decoding
+        prompt_len = len(c.input_ids)
+        seq = c.input_ids + c.output_ids[:-1]
+        walk(seq, lambda n, d, p=prompt_len: setattr(n, "decoded", n.decoded or d >= p))
+    must_compute, stack = 0, [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        must_compute += node.needed and not node.decoded
+    total = sum(len(c.input_ids) for c in calls)
+    return 1 - must_compute / total
+
+
+@function
+def few_shot(s, examples, question, max_tokens):
+    s += "Answer each question in one sentence.\n\n"
+    for q, a in examples:
+        s += f"Question: {q}\nAnswer: {a}\n\n"
+    s += f"Question: {question}\nAnswer:"
+    s += gen("answer", max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+
+def few_shot_batch(cfg: LangBenchConfig) -> list[dict]:
+    lines = _corpus(seed=cfg.seed + 11, lines=2 * cfg.few_shot_examples + cfg.few_shot_questions)
+    examples = [(lines[2 * i], lines[2 * i + 1]) for i in range(cfg.few_shot_examples)]
+    questions = lines[2 * cfg.few_shot_examples :]
+    return [{"examples": examples, "question": q, "max_tokens": cfg.max_tokens} for q in questions]
+
+
+@function
+def tree_of_thought(s, question, width, depth, max_tokens, seed):
+    s += system("Think step by step. Propose one idea per step and keep it short.")
+    s += user(question)
+    frontier = [s]
+    for level in range(depth):
+        children = []
+        for n, node in enumerate(frontier):
+            for b, branch in enumerate(node.fork(width)):
+                step = gen(
+                    "step",
+                    max_tokens=max_tokens,
+                    temperature=0.8,
+                    ignore_eos=True,
+                    seed=seed * 1000 + level * 100 + n * width + b,
+                )
+                branch += assistant(step)
+                branch += user(f"Go on from idea {b + 1}.")
+                children.append(branch)
+        frontier = children
+
+
+def tree_of_thought_batch(cfg: LangBenchConfig) -> list[dict]:
+    questions = _corpus(seed=cfg.seed + 23, lines=cfg.tot_programs)
+    return [
+        {
+            "question": q,
+            "width": cfg.tot_width,
+            "depth": cfg.tot_depth,
+            "max_tokens": cfg.max_tokens,
+            "seed": i,
+        }
+        for i, q in enumerate(questions)
+    ]
+
+
+PROGRAMS = {
+    "few-shot": (few_shot, few_shot_batch),
+    "tree-of-thought": (tree_of_thought, tree_of_thought_batch),
+}
+
+
+def run_once(cfg: LangBenchConfig, program: str, cache_on: bool) -> dict:
+    fn, make_batch = PROGRAMS[program]
+    batch = make_batch(cfg)
+    options = dict(page_size=cfg.page_size, enable_prefix_cache=cache_on, seed=cfg.seed)
+    with Engine(cfg.model, **options) as engine:
+        engine.generate("warm up", SamplingParams(max_new_tokens=2))  # first-call costs
+        engine.flush_cache()
+        backend = RecordingBackend(engine)
+        start = time.perf_counter()
+        states = fn.run_batch(batch, backend=backend)
+        seconds = time.perf_counter() - start
+        engine.check_invariants()
+    failed = [s.error() for s in states if s.error() is not None]
+    if failed:
+        raise RuntimeError(f"{program}: {len(failed)} programs failed, first: {failed[0]}")
+    calls = backend.calls
+    prompt = sum(len(c.input_ids) for c in calls)
+    hit = sum(c.cached_tokens for c in calls) / prompt
+    optimal = optimal_hit_rate(calls)
+    return {
+        "program": program,
+        "cache": "radix" if cache_on else "off",
+        "programs": len(batch),
+        "calls": len(calls),
+        "prompt_tokens": prompt,
+        "output_tokens": sum(len(c.output_ids) for c in calls),
+        "seconds": seconds,
+        "programs_s": len(batch) / seconds,
+        "hit_rate": hit,
+        "optimal_hit_rate": optimal,
+        "of_optimal": hit / optimal if optimal else float("nan"),
+    }
+
+
+def run_lang_bench(
+    cfg: LangBenchConfig, programs: Sequence[str], step: Callable[[str], None]
+) -> list[dict]:
+    """Cache on and off alternate per round, so machine drift hits both alike."""
+    best: dict[tuple[str, str], dict] = {}
+    for program in programs:
+        for _ in range(cfg.rounds):
+            for cache_on in (True, False):
+                row = run_once(cfg, program, cache_on)
+                key = (program, row["cache"])
+                if key not in best or row["seconds"] < best[key]["seconds"]:
+                    best[key] = row
+                step(f"{program} cache {row['cache']}")
+    rows = list(best.values())
+    for row in rows:
+        off = best[(row["program"], "off")]
+        row["speedup"] = off["seconds"] / row["seconds"]
+    return rows
