@@ -233,6 +233,7 @@ def _serve(args: argparse.Namespace) -> int:
         schedule_policy=args.schedule_policy,
         chunked_prefill_size=args.chunked_prefill_size,
         enable_prefix_cache=not args.disable_prefix_cache,
+        cache_index=args.cache_index,
         attention_backend=args.attention_backend,
         dtype=args.dtype,
         device=args.device,
@@ -283,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--schedule-policy", default="lpm")
     serve.add_argument("--chunked-prefill-size", type=int, default=2048)
     serve.add_argument("--disable-prefix-cache", action="store_true")
+    serve.add_argument("--cache-index", default="radix", help="radix or block-hash")
     serve.add_argument("--attention-backend", default="auto")
     serve.add_argument("--dtype", default="float32")
     serve.add_argument("--device", default="cpu")

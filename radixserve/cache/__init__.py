@@ -1,4 +1,4 @@
-"""Prefix caches: the radix tree, and a null cache for "off"."""
+"""Prefix caches: the radix tree, a block-hash index for comparison, a null cache for "off"."""
 
 from radixserve.cache.base import (
     BasePrefixCache,
@@ -7,12 +7,14 @@ from radixserve.cache.base import (
     Namespace,
     PrefixMatch,
 )
+from radixserve.cache.block_hash import BlockHashCache
 from radixserve.cache.null import NoPrefixCache
 from radixserve.cache.radix import RadixCache
 from radixserve.cache.tokens import encode_tokens
 
 __all__ = [
     "BasePrefixCache",
+    "BlockHashCache",
     "CacheInvariantError",
     "CacheStats",
     "Namespace",

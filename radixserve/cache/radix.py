@@ -17,11 +17,10 @@ from sortedcontainers import SortedDict
 
 from radixserve.cache.base import BasePrefixCache, CacheStats, Namespace, PrefixMatch
 from radixserve.cache.invariants import check_radix_invariants
+from radixserve.cache.slot_checks import EMPTY_SLOTS, check_slots, check_whole_pages
 from radixserve.cache.tokens import TOKEN_BYTES, decode_tokens, encode_tokens
 from radixserve.cache.tree_node import TreeNode
 from radixserve.memory import KVSlotAllocator
-
-_EMPTY_SLOTS = np.empty(0, dtype=np.int64)
 
 
 class RadixCache(BasePrefixCache):
@@ -83,7 +82,7 @@ class RadixCache(BasePrefixCache):
             self._hit_tokens += length
             slots = path[0].slots if len(path) == 1 else np.concatenate([n.slots for n in path])
             return PrefixMatch(length, slots, path[-1])
-        return PrefixMatch(0, _EMPTY_SLOTS, self._roots.get(namespace, self._detached_root))
+        return PrefixMatch(0, EMPTY_SLOTS, self._roots.get(namespace, self._detached_root))
 
     def insert(
         self,
@@ -92,17 +91,17 @@ class RadixCache(BasePrefixCache):
         namespace: Namespace = None,
     ) -> int:
         key = encode_tokens(tokens)
-        slots = self._check_slots(slots, len(key) // TOKEN_BYTES)
+        slots = check_slots(slots, len(key) // TOKEN_BYTES)
         end = len(key) - len(key) % self._page_bytes
         path, matched, partial = self._walk(key[:end], namespace)
         if matched < end:
             # Only the slots the tree adopts need to be sound; check them before any change.
             new_slots = slots[matched // TOKEN_BYTES : end // TOKEN_BYTES]
             if self.allocator is not None:
-                self._check_whole_pages(new_slots)
+                check_whole_pages(new_slots, self.allocator)
             root = self._roots.get(namespace)
             if root is None:
-                root = self._roots[namespace] = TreeNode(b"", _EMPTY_SLOTS, None, namespace)
+                root = self._roots[namespace] = TreeNode(b"", EMPTY_SLOTS, None, namespace)
         if partial is not None:
             path.append(self._split(*partial))
         if matched < end:
@@ -185,7 +184,7 @@ class RadixCache(BasePrefixCache):
     def _clear(self) -> None:
         self._roots: dict[Namespace, TreeNode] = {}
         # A miss in a namespace with no root yet returns this; locking it is a no-op.
-        self._detached_root = TreeNode(b"", _EMPTY_SLOTS, None, None)
+        self._detached_root = TreeNode(b"", EMPTY_SLOTS, None, None)
         self._lru: SortedDict = SortedDict()  # last_access -> unlocked leaf
         self._clock = 0
         self._evictable_size = 0
@@ -326,27 +325,6 @@ class RadixCache(BasePrefixCache):
         if node.evicted:
             raise ValueError("this node was evicted; lock handles before anything can evict")
         return node
-
-    def _check_slots(self, slots: Sequence[int] | np.ndarray, num_tokens: int) -> np.ndarray:
-        arr = np.asarray(slots)
-        if arr.size == 0 and num_tokens == 0:
-            return _EMPTY_SLOTS
-        if arr.ndim != 1 or arr.dtype.kind not in "iu":
-            raise ValueError("slots must be a 1-D sequence of ints")
-        if arr.size != num_tokens:
-            raise ValueError(f"got {arr.size} slots for {num_tokens} tokens")
-        if arr.min() < 0:
-            raise ValueError("slots must be non-negative")
-        return arr.astype(np.int64, copy=False)
-
-    def _check_whole_pages(self, slots: np.ndarray) -> None:
-        if not self.allocator.is_allocated(slots):
-            raise ValueError("slots must be allocated by this cache's allocator")
-        if self.page_size == 1:
-            return
-        pages = slots.reshape(-1, self.page_size)
-        if (pages[:, 0] % self.page_size).any() or (np.diff(pages, axis=1) != 1).any():
-            raise ValueError(f"slots must come in whole pages of {self.page_size}, in order")
 
     def _iter_nodes(self):
         """Every non-root node, parents before children."""

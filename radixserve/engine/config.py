@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
 DTYPES = ("float32", "bfloat16", "float16")
+CACHE_INDEXES = ("radix", "block-hash")
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class EngineConfig:
     lpm_aging_tokens_per_s: float = 2000.0  # how fast waiting raises an LPM priority
     chunked_prefill_size: int = 2048
     enable_prefix_cache: bool = True
+    cache_index: str = "radix"  # or "block-hash": vLLM's way, kept for comparison
     attention_backend: str = "auto"
     dtype: str = "float32"
     device: str = "cpu"
@@ -29,6 +31,10 @@ class EngineConfig:
         if self.schedule_policy not in POLICIES:
             raise ValueError(
                 f"unknown schedule_policy {self.schedule_policy!r}; choose one of {POLICIES}"
+            )
+        if self.cache_index not in CACHE_INDEXES:
+            raise ValueError(
+                f"unknown cache_index {self.cache_index!r}; choose one of {CACHE_INDEXES}"
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from radixserve.cache import NoPrefixCache, RadixCache
+from radixserve.cache import BlockHashCache, NoPrefixCache, RadixCache
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.logprobs import record_logprobs
 from radixserve.engine.model_runner import ModelRunner
@@ -44,7 +44,8 @@ class Engine:
         self.context_len = loaded.config.context_len
         page = self.config.page_size
         self.allocator = KVSlotAllocator(self.runner.num_slots, page)
-        cache_cls = RadixCache if self.config.enable_prefix_cache else NoPrefixCache
+        index = {"radix": RadixCache, "block-hash": BlockHashCache}[self.config.cache_index]
+        cache_cls = index if self.config.enable_prefix_cache else NoPrefixCache
         self.cache = cache_cls(page, self.allocator)
         self.scheduler = Scheduler(self.config, self.cache, self.allocator, self._check_finish)
         self.sampler = Sampler(self.config.seed)

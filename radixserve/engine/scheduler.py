@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from radixserve.cache import BasePrefixCache, RadixCache
+from radixserve.cache import BasePrefixCache, NoPrefixCache, RadixCache
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.policy import order_waiting
 from radixserve.engine.req import Req, ReqState
@@ -161,7 +161,7 @@ class Scheduler:
         return hit.length, hit.node
 
     def _shares_uncached_prefix(self, req: Req, admitted: RadixCache) -> bool:
-        if not isinstance(self.cache, RadixCache):
+        if isinstance(self.cache, NoPrefixCache):
             return False
         in_batch = admitted.match_prefix(req.seq(), req.namespace).length
         cached = self.cache.match_prefix(req.seq(), req.namespace).length
@@ -281,7 +281,7 @@ class Scheduler:
         """After a prefill (or a chunk of one), put what the request computed into the tree
         so requests held back this step hit it; the request moves its lock down to the new
         node and reads the tree's slots wherever the tree already had its own."""
-        if not isinstance(self.cache, RadixCache):
+        if isinstance(self.cache, NoPrefixCache):
             return
         n = req.computed_len
         seq = req.seq()[:n]

@@ -58,9 +58,11 @@ def run(**options) -> tuple[list[list[int]], dict]:
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_greedy_equals_transformers_with_cache_on_and_off(reference, page_size):
     on, stats = run(page_size=page_size)
+    blocks, block_stats = run(page_size=page_size, cache_index="block-hash")
     off, _ = run(page_size=page_size, enable_prefix_cache=False)
-    assert on == off == reference
+    assert on == blocks == off == reference
     assert stats["hit_tokens"] > 0
+    assert block_stats["hit_tokens"] > 0
 
 
 @pytest.mark.parametrize(
@@ -72,14 +74,17 @@ def test_greedy_equals_transformers_with_cache_on_and_off(reference, page_size):
         ("random", 1, 4096, 16, False),
         ("fcfs", 1, 4096, 2048, False),
         ("dfs-weight", 16, 160, 2048, True),
+        ("block-hash", 16, 160, 32, True),
     ],
 )
 def test_pressure_policies_and_chunking_do_not_change_outputs(
     reference, policy, page_size, pool, chunk, preempts
 ):
+    index = "block-hash" if policy == "block-hash" else "radix"
     outs, stats = run(
         page_size=page_size,
-        schedule_policy=policy,
+        schedule_policy="fcfs" if index == "block-hash" else policy,
+        cache_index=index,
         max_total_tokens=pool,
         chunked_prefill_size=chunk,
     )

@@ -1,11 +1,13 @@
-"""Drive RadixCache with random operations against a plain reference model.
+"""Drive each prefix index with random operations against a plain reference model.
 
-The reference is, per namespace, a map from every cached position ``i`` (keyed by the tokens
-through the end of its page) to its slot: the set of inserted sequences, page-aligned, with
-first-insert-wins slots.
+For the radix tree the reference is, per namespace, a map from every cached position ``i``
+(keyed by the tokens through the end of its page) to its slot: the set of inserted
+sequences, page-aligned, with first-insert-wins slots. For the block-hash index it is a map
+from (block hash, offset) to slot, with the hash chain computed here from the tokens.
 """
 
 import hypothesis.strategies as st
+import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import (
     Bundle,
@@ -17,6 +19,7 @@ from hypothesis.stateful import (
 )
 
 from radixserve.cache import RadixCache
+from radixserve.cache.block_hash import BlockHashCache, block_hash, root_hash
 from radixserve.memory import KVSlotAllocator
 
 from .tree_utils import alloc_and_insert, cached_positions
@@ -31,11 +34,21 @@ class RadixCacheMachine(RuleBasedStateMachine):
     @initialize(page_size=st.sampled_from([1, 2, 4, 16]))
     def setup(self, page_size):
         self.page_size = page_size
-        self.cache = RadixCache(page_size, KVSlotAllocator(256 * page_size, page_size))
+        self.cache = self.make_cache(page_size, KVSlotAllocator(256 * page_size, page_size))
         self.ref: dict[tuple, int] = {}
         self.locked: list[tuple] = []  # (namespace, tokens, length, slots, node)
 
     # ---- the reference ---------------------------------------------------------------
+
+    make_cache = RadixCache
+
+    def contents(self) -> dict:
+        return cached_positions(self.cache)
+
+    def record(self, tokens, namespace, cached, slots) -> None:
+        aligned = len(tokens) - len(tokens) % self.page_size
+        for i in range(cached, aligned):
+            self.ref[self.ref_key(tokens, namespace, i)] = int(slots[i])
 
     def ref_match(self, tokens, namespace) -> list[int]:
         slots = []
@@ -65,15 +78,13 @@ class RadixCacheMachine(RuleBasedStateMachine):
         short = needed - self.cache.allocator.num_free
         if short > 0:
             self.cache.evict(short)
-            self.ref = cached_positions(self.cache)
+            self.ref = self.contents()
         if self.cache.allocator.num_free < needed:
             return (tokens, namespace)
         expected = len(self.ref_match(tokens, namespace))
         cached, slots = alloc_and_insert(self.cache, tokens, namespace)
         assert cached == expected
-        aligned = len(tokens) - len(tokens) % self.page_size
-        for i in range(cached, aligned):
-            self.ref[self.ref_key(tokens, namespace, i)] = int(slots[i])
+        self.record(tokens, namespace, cached, slots)
         return (tokens, namespace)
 
     @rule(item=sequences, extra=TOKENS, other_namespace=NAMESPACES)
@@ -99,13 +110,13 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
     @rule(num_tokens=st.integers(0, 200))
     def evict(self, num_tokens):
-        before = cached_positions(self.cache)
+        before = self.contents()
         evictable = self.cache.evictable_size
         free_before = self.cache.allocator.num_free
         freed = self.cache.evict(num_tokens)
         assert min(num_tokens, evictable) <= freed <= evictable
         assert self.cache.allocator.num_free == free_before + freed
-        after = cached_positions(self.cache)
+        after = self.contents()
         assert after.items() <= before.items()
         assert len(before) - len(after) == freed
         self.ref = after
@@ -127,7 +138,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def accounting_holds(self):
         self.cache.check_invariants()
-        assert cached_positions(self.cache) == self.ref
+        assert self.contents() == self.ref
 
     @invariant()
     def locked_prefixes_stay_cached(self):
@@ -142,3 +153,44 @@ RadixCacheMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestRadixCacheMachine = RadixCacheMachine.TestCase
+
+
+class BlockHashCacheMachine(RadixCacheMachine):
+    """The same operations on the block-hash index. Evicting a block whose children stay
+    cached orphans them: still counted, unreachable until their prefix is cached again."""
+
+    make_cache = BlockHashCache
+
+    def chain(self, tokens, namespace) -> list[bytes]:
+        out, h, page = [], root_hash(namespace), self.page_size
+        data = np.asarray(tokens, dtype=np.int32).tobytes()
+        for start in range(0, len(tokens) - len(tokens) % page, page):
+            h = block_hash(h, data[start * 4 : (start + page) * 4])
+            out.append(h)
+        return out
+
+    def contents(self) -> dict:
+        return {
+            (h, j): int(slot)
+            for h, block in self.cache._blocks.items()
+            for j, slot in enumerate(block.slots)
+        }
+
+    def ref_match(self, tokens, namespace) -> list[int]:
+        slots = []
+        for h in self.chain(tokens, namespace):
+            if (h, 0) not in self.ref:
+                break
+            slots += [self.ref[(h, j)] for j in range(self.page_size)]
+        return slots
+
+    def record(self, tokens, namespace, cached, slots) -> None:
+        page = self.page_size
+        for k, h in enumerate(self.chain(tokens, namespace)):
+            if k * page >= cached:  # new, or replacing an orphan
+                for j in range(page):
+                    self.ref[(h, j)] = int(slots[k * page + j])
+
+
+BlockHashCacheMachine.TestCase.settings = RadixCacheMachine.TestCase.settings
+TestBlockHashCacheMachine = BlockHashCacheMachine.TestCase
