@@ -201,6 +201,80 @@ def _bench_lang(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_serving(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from radixserve.bench.report import print_table, write_json
+    from radixserve.bench.serving_bench import (
+        ServingBenchConfig,
+        check_targets,
+        num_steps,
+        run_serving_bench,
+    )
+    from radixserve.bench.workloads import SERVING_WORKLOADS
+
+    workloads = tuple(SERVING_WORKLOADS) if args.workload == ["all"] else tuple(args.workload)
+    cfg = ServingBenchConfig(
+        model=args.model,
+        workloads=workloads,
+        configs=tuple(args.configs),
+        scale=args.scale,
+        max_tokens=args.max_tokens,
+        page_size=args.page_size,
+        rounds=args.rounds,
+        seed=args.seed,
+        sweep_workload=args.sweep,
+        vllm_python=args.vllm_python,
+    )
+    with Progress(transient=True) as progress:
+        task = progress.add_task("bench serving", total=num_steps(cfg))
+        result = run_serving_bench(
+            cfg, lambda label: progress.update(task, advance=1, description=label)
+        )
+    columns = [
+        ("workload", "workload"),
+        ("config", "config"),
+        ("req_s", "req/s"),
+        ("tok_s", "tok/s"),
+        ("ttft_p50_s", "TTFT p50 s"),
+        ("ttft_p99_s", "TTFT p99 s"),
+        ("hit_rate", "hit rate"),
+        ("of_optimal", "of optimal"),
+        ("prefill_tokens", "prefilled"),
+        ("dedup_ratio", "dedup"),
+        ("lookup_p50_us", "lookup p50 µs"),
+        ("sched_ms_per_step", "sched ms/step"),
+        ("speedup_vs_off", "vs off"),
+    ]
+    print_table(
+        f"{cfg.model}: serving workloads, page size {cfg.page_size}", result["rows"], columns
+    )
+    if result["sweep"]:
+        sweep_cols = [
+            ("kv_tokens", "KV tokens"),
+            ("config", "config"),
+            ("hit_rate", "hit rate"),
+            ("req_s", "req/s"),
+        ]
+        print_table(f"KV-pool sweep: {cfg.sweep_workload}", result["sweep"], sweep_cols)
+    targets = check_targets(result["rows"])
+    target_cols = [
+        ("target", "target"),
+        ("workload", "workload"),
+        ("measured", "measured"),
+        ("goal", "goal"),
+        ("met", "met"),
+    ]
+    print_table("targets", targets, target_cols)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), **result, "targets": targets})
+    if args.plot:
+        from radixserve.bench.plots import plot_serving_bench
+
+        plot_serving_bench(result["rows"], result["sweep"], args.plot)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from radixserve.bench.demo import DemoWorkload, print_results, run_demo
 
@@ -340,6 +414,25 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--json", help="write the rows to this file")
     load.add_argument("--seed", type=int, default=0)
     load.set_defaults(func=_bench_serve)
+    serving = bench.add_parser("serving", help="the SGLang paper's workloads, side by side")
+    serving.add_argument("--workload", nargs="+", default=["all"], help="names, or all")
+    serving.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    serving.add_argument(
+        "--configs",
+        nargs="+",
+        default=["radix-lpm", "radix-fcfs", "block-hash-fcfs", "off", "transformers"],
+        help="radix-lpm radix-fcfs block-hash-fcfs off transformers vllm",
+    )
+    serving.add_argument("--scale", type=float, default=1.0, help="multiplies request counts")
+    serving.add_argument("--max-tokens", type=int, default=8)
+    serving.add_argument("--page-size", type=int, default=16)
+    serving.add_argument("--rounds", type=int, default=1)
+    serving.add_argument("--sweep", help="also sweep the KV-pool size on this workload")
+    serving.add_argument("--vllm-python", help="python of a venv with vllm, for the vllm config")
+    serving.add_argument("--json", help="write rows, sweep and targets to this file")
+    serving.add_argument("--plot", help="write a PNG chart to this file")
+    serving.add_argument("--seed", type=int, default=0)
+    serving.set_defaults(func=_bench_serving)
     lang = bench.add_parser("lang", help="DSL programs, prefix cache on and off")
     lang.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
     lang.add_argument("--programs", nargs="+", default=["all"], help="few-shot, tree-of-thought")

@@ -77,17 +77,22 @@ class _Ours:
         return step
 
 
+def transformers_twin(loaded: LoadedModel):
+    """transformers' model for the same config, holding the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = next(loaded.model.parameters()).dtype
+    hf = AutoModelForCausalLM.from_config(loaded.hf_config, dtype=dtype)
+    missing, unexpected = hf.load_state_dict(loaded.model.state_dict(), strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise RuntimeError(f"weights do not line up: {missing[:3]} {unexpected[:3]}")
+    hf.tie_weights()
+    return hf.eval()
+
+
 class _Theirs:
     def __init__(self, loaded: LoadedModel) -> None:
-        from transformers import AutoModelForCausalLM
-
-        dtype = next(loaded.model.parameters()).dtype
-        hf = AutoModelForCausalLM.from_config(loaded.hf_config, dtype=dtype)
-        missing, unexpected = hf.load_state_dict(loaded.model.state_dict(), strict=False)
-        if unexpected or set(missing) - {"lm_head.weight"}:
-            raise RuntimeError(f"weights do not line up: {missing[:3]} {unexpected[:3]}")
-        hf.tie_weights()
-        self.model = hf.eval()
+        self.model = transformers_twin(loaded)
 
     @torch.inference_mode()
     def last_logits(self, ids: np.ndarray) -> torch.Tensor:

@@ -34,3 +34,48 @@ def plot_cache_bench(rows: Sequence[dict], path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_serving_bench(rows: Sequence[dict], sweep: Sequence[dict], path: str | Path) -> None:
+    """Requests/s and hit rate (with the optimal) per workload and configuration, and hit
+    rate against KV-pool size when a sweep ran."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    by = {(r["workload"], r["config"]): r for r in rows}
+    panels = 3 if sweep else 2
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.5))
+    x = np.arange(len(workloads))
+    width = 0.8 / len(configs)
+    for i, config in enumerate(configs):
+        for ax, key in ((axes[0], "req_s"), (axes[1], "hit_rate")):
+            values = [by.get((w, config), {}).get(key, 0.0) for w in workloads]
+            ax.bar(x + i * width, values, width, label=config)
+    optimal = [by[(w, configs[0])].get("optimal_hit_rate", 0.0) for w in workloads]
+    axes[1].scatter(x + 0.4 - width / 2, optimal, marker="_", s=400, c="k", label="optimal")
+    for ax, title in ((axes[0], "requests / s"), (axes[1], "token hit rate")):
+        ax.set_xticks(x + 0.4 - width / 2, workloads, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    axes[1].legend(fontsize=7)
+    if sweep:
+        ax = axes[2]
+        for config in dict.fromkeys(r["config"] for r in sweep):
+            line = sorted((r for r in sweep if r["config"] == config), key=lambda r: r["kv_tokens"])
+            ax.plot(
+                [r["kv_tokens"] for r in line], [r["hit_rate"] for r in line], "o-", label=config
+            )
+        ax.axhline(sweep[0]["optimal_hit_rate"], color="k", ls="--", lw=1, label="optimal")
+        ax.set_xlabel("KV pool (tokens)")
+        ax.set_title(f"hit rate as memory shrinks: {sweep[0]['workload']}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -71,3 +71,152 @@ class MultiTurnChat:
 
     def _tokens(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.integers(0, self.vocab_size, n, dtype=np.int32)
+
+
+# ---- the serving suite's workloads (shapes after the SGLang paper, arXiv 2312.07104) ----
+
+
+@dataclass(frozen=True)
+class ServingRequest:
+    """A prompt of token ids; requests of wave ``k`` are sent once wave ``k - 1`` is done
+    (a conversation's next turn, an agent's next step, a tree's next level)."""
+
+    prompt: np.ndarray
+    max_tokens: int
+    wave: int = 0
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    requests: list[ServingRequest]
+
+    @property
+    def waves(self) -> list[list[ServingRequest]]:
+        out: dict[int, list[ServingRequest]] = {}
+        for r in self.requests:
+            out.setdefault(r.wave, []).append(r)
+        return [out[k] for k in sorted(out)]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(r.prompt) for r in self.requests)
+
+    def optimal_hit_rate(self, page_size: int = 1) -> float:
+        """The hit rate of a cache with unlimited memory serving the requests one at a time
+        in order: each distinct page-aligned prefix is computed once, and every request
+        computes at least its last prompt token (its logits give the first output)."""
+        from radixserve.cache import RadixCache
+
+        cache = RadixCache(page_size)  # simulation mode: slots are plain ints
+        hits = 0
+        for r in self.requests:
+            last = (len(r.prompt) - 1) // page_size * page_size
+            hits += min(cache.match_prefix(r.prompt).length, last)
+            cache.insert(r.prompt, np.arange(len(r.prompt)))
+        return hits / self.prompt_tokens
+
+
+class _Tokens:
+    def __init__(self, seed: int, vocab_size: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.vocab_size = vocab_size
+
+    def __call__(self, n: int) -> np.ndarray:
+        return self.rng.integers(3, self.vocab_size, n, dtype=np.int32)
+
+    def cat(self, *parts: np.ndarray) -> np.ndarray:
+        return np.concatenate(parts).astype(np.int32)
+
+
+def few_shot(t: _Tokens, s: float, out: int) -> Workload:
+    shots = t.cat(*(t(100) for _ in range(5)))
+    reqs = [ServingRequest(t.cat(shots, t(40)), out) for _ in range(int(20 * s))]
+    return Workload("few-shot", "5-shot MMLU-style: 5 shared examples, distinct questions", reqs)
+
+
+def hellaswag(t: _Tokens, s: float, out: int) -> Workload:
+    reqs = []
+    for _ in range(int(8 * s)):
+        context = t(300)
+        reqs += [ServingRequest(t.cat(context, t(30)), out) for _ in range(4)]
+    return Workload("hellaswag", "one context, four candidate endings each", reqs)
+
+
+def multi_turn_chat(t: _Tokens, s: float, out: int) -> Workload:
+    reqs = []
+    for _ in range(int(8 * s)):
+        history = t(200)
+        for turn in range(4):
+            prompt = t.cat(history, t(40))
+            reqs.append(ServingRequest(prompt, out, wave=turn))
+            history = t.cat(prompt, t(40))  # the recorded reply joins the history
+    return Workload("multi-turn-chat", "8 chats x 4 turns; each turn extends the last", reqs)
+
+
+def shared_system_prompt(t: _Tokens, s: float, out: int) -> Workload:
+    system = t(600)
+    reqs = [ServingRequest(t.cat(system, t(30)), out) for _ in range(int(16 * s))]
+    return Workload("shared-system-prompt", "one 600-token system prompt, many users", reqs)
+
+
+def tree_of_thought(t: _Tokens, s: float, out: int) -> Workload:
+    reqs = []
+    for _ in range(int(4 * s)):
+        frontier = [t(200)]
+        for level in range(1, 3):
+            frontier = [t.cat(node, t(40)) for node in frontier for _ in range(3)]
+            reqs += [ServingRequest(p, out, wave=level - 1) for p in frontier]
+    return Workload("tree-of-thought", "questions branching 3 ways, 2 levels deep", reqs)
+
+
+def agent_loop(t: _Tokens, s: float, out: int) -> Workload:
+    reqs = []
+    for _ in range(int(6 * s)):
+        trajectory = t(300)
+        for step in range(5):
+            reqs.append(ServingRequest(trajectory, out, wave=step))
+            trajectory = t.cat(trajectory, t(60))  # thought, action, observation
+    return Workload("agent-loop", "ReAct-style: a trajectory that grows each step", reqs)
+
+
+def rag(t: _Tokens, s: float, out: int) -> Workload:
+    docs = [t(250) for _ in range(6)]
+    rng = t.rng
+    reqs = []
+    for _ in range(int(20 * s)):
+        picked = sorted(rng.choice(len(docs), 2, replace=False).tolist())
+        reqs.append(ServingRequest(t.cat(*(docs[i] for i in picked), t(30)), out))
+    return Workload("rag", "2 of 6 shared documents in varying combinations + a question", reqs)
+
+
+def no_sharing(t: _Tokens, s: float, out: int) -> Workload:
+    reqs = [ServingRequest(t(500), out) for _ in range(int(20 * s))]
+    return Workload("no-sharing", "control: random prompts, nothing to reuse", reqs)
+
+
+SERVING_WORKLOADS = {
+    w.__name__.replace("_", "-"): w
+    for w in (
+        few_shot,
+        hellaswag,
+        multi_turn_chat,
+        shared_system_prompt,
+        tree_of_thought,
+        agent_loop,
+        rag,
+        no_sharing,
+    )
+}
+
+
+def make_workload(
+    name: str, vocab_size: int, scale: float = 1.0, max_tokens: int = 8, seed: int = 0
+) -> Workload:
+    """A seeded workload; ``scale`` multiplies its number of requests (or groups)."""
+    if name not in SERVING_WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose from {sorted(SERVING_WORKLOADS)}")
+    if scale <= 0 or max_tokens < 1:
+        raise ValueError("scale must be positive and max_tokens at least 1")
+    return SERVING_WORKLOADS[name](_Tokens(seed, vocab_size), scale, max_tokens)

@@ -57,6 +57,7 @@ class Engine:
         self._stopping = False
         self._started = time.perf_counter()
         self._finished = self._generated = 0
+        self._steps, self._sched_s = 0, 0.0  # forward steps; time in schedule + process
         self._ttft: deque[float] = deque(maxlen=10_000)
         self._latency: deque[float] = deque(maxlen=10_000)
         self._thread = threading.Thread(target=self._loop, name="radixserve-scheduler", daemon=True)
@@ -192,6 +193,8 @@ class Engine:
             "running": len(s.running),
             "waiting": len(s.waiting),
             "preemptions": s.num_preemptions,
+            "scheduler_steps": self._steps,
+            "scheduler_s": self._sched_s,
             "finished_requests": self._finished,
             "generated_tokens": self._generated,
             "generation_throughput": self._generated / elapsed,
@@ -332,7 +335,9 @@ class Engine:
                 self._finish(req)
 
     def _step(self) -> None:
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
+        self._sched_s += time.perf_counter() - t0
         if batch is None:
             if self.scheduler.has_work:
                 time.sleep(0.001)  # waiting on memory held by nothing: let commands in
@@ -352,7 +357,10 @@ class Engine:
         for req in sampled:
             if req.first_token_s is None:
                 req.first_token_s = now
+        t0 = time.perf_counter()
         finished = self.scheduler.process(batch, dict(zip(sampled, tokens, strict=True)))
+        self._sched_s += time.perf_counter() - t0
+        self._steps += 1
         for req in finished:
             self._finish(req)
         done = set(finished)

@@ -128,3 +128,21 @@ def test_optimal_hit_rate_counts_each_prefix_once_and_decoded_tokens_as_computed
     # 9 distinct prompt prefixes; [..5] and [..6] were computed by the first call's decode
     assert optimal_hit_rate(calls) == pytest.approx(1 - 7 / 15)
     assert optimal_hit_rate([Call([1, 2], [3], 0)]) == 0.0
+
+
+def test_serving_workloads_are_seeded_and_know_their_optimal():
+    from radixserve.bench.workloads import SERVING_WORKLOADS, make_workload
+
+    for name in SERVING_WORKLOADS:
+        a, b = make_workload(name, 5000, seed=3), make_workload(name, 5000, seed=3)
+        assert [r.prompt.tolist() for r in a.requests] == [r.prompt.tolist() for r in b.requests]
+        assert all(r.prompt.max() < 5000 for r in a.requests)
+        optimal = a.optimal_hit_rate(16)
+        assert (optimal == 0.0) == (name == "no-sharing")
+        assert 0 <= optimal < 1 and a.optimal_hit_rate(1) >= optimal
+    chat = make_workload("multi-turn-chat", 5000)
+    waves = chat.waves
+    assert len(waves) == 4 and all(len(w) == 8 for w in waves)
+    assert waves[0][0].prompt.tolist() == waves[1][0].prompt[: len(waves[0][0].prompt)].tolist()
+    with pytest.raises(ValueError):
+        make_workload("nope", 5000)

@@ -1,0 +1,89 @@
+"""vLLM (with automatic prefix caching) on a serving workload, in its own interpreter.
+
+vLLM lives in a virtual environment of its own (see ``../shared/peers.md``), never as a
+dependency of radixserve. ``run_vllm`` writes the workload to JSON and runs this file with
+that environment's Python; run as a script, the file imports only vLLM and the standard
+library, times ``generate`` wave by wave, and writes the timings back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def run_vllm(python: str, model: str, workload, page_size: int) -> dict:
+    """The row for vLLM on ``workload``, the same checkpoint exported to a directory."""
+    from radixserve.model.presets import PRESETS, export_preset
+
+    with tempfile.TemporaryDirectory(prefix="radixserve-vllm-") as tmp:
+        model_dir = str(export_preset(model, Path(tmp) / "model")) if model in PRESETS else model
+        job = {
+            "model_dir": model_dir,
+            "block_size": max(page_size, 16),
+            "waves": [
+                [{"prompt": r.prompt.tolist(), "max_tokens": r.max_tokens} for r in wave]
+                for wave in workload.waves
+            ],
+        }
+        src, dst = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        src.write_text(json.dumps(job))
+        env = {
+            **os.environ,
+            "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            "VLLM_CPU_KVCACHE_SPACE": "4",
+        }
+        proc = subprocess.run(
+            [python, __file__, str(src), str(dst)], env=env, capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM run failed:\n{proc.stderr[-3000:]}")
+        result = json.loads(dst.read_text())
+    prompt = workload.prompt_tokens
+    outputs = sum(r.max_tokens for r in workload.requests)
+    return {
+        "workload": workload.name,
+        "config": "vllm",
+        "requests": len(workload.requests),
+        "seconds": result["seconds"],
+        "req_s": len(workload.requests) / result["seconds"],
+        "tok_s": (prompt + outputs) / result["seconds"],
+        "hit_rate": result["cached_tokens"] / prompt,
+        "prefill_tokens": prompt - result["cached_tokens"],
+    }
+
+
+def _main(src: str, dst: str) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    job = json.loads(Path(src).read_text())
+    llm = LLM(
+        model=job["model_dir"],
+        enable_prefix_caching=True,
+        dtype="float32",
+        max_model_len=4096,
+        block_size=job["block_size"],
+    )
+    llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7])], SamplingParams(max_tokens=2))
+    llm.reset_prefix_cache()
+    cached, start = 0, time.perf_counter()
+    for wave in job["waves"]:
+        prompts = [TokensPrompt(prompt_token_ids=r["prompt"]) for r in wave]
+        params = [
+            SamplingParams(max_tokens=r["max_tokens"], temperature=0, ignore_eos=True) for r in wave
+        ]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        cached += sum(o.num_cached_tokens or 0 for o in outs)
+    seconds = time.perf_counter() - start
+    Path(dst).write_text(json.dumps({"seconds": seconds, "cached_tokens": cached}))
+
+
+if __name__ == "__main__":
+    _main(*sys.argv[1:3])
