@@ -275,6 +275,13 @@ def _bench_serving(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_report(args: argparse.Namespace) -> int:
+    from radixserve.bench.docs_report import write_report
+
+    print(f"wrote {write_report(args.docs)}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from radixserve.bench.demo import DemoWorkload, print_results, run_demo
 
@@ -433,6 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument("--plot", help="write a PNG chart to this file")
     serving.add_argument("--seed", type=int, default=0)
     serving.set_defaults(func=_bench_serving)
+    report = bench.add_parser("report", help="regenerate docs/benchmarks.md from the JSON")
+    report.add_argument("--docs", default="docs", help="the folder with bench_*.json and notes/")
+    report.set_defaults(func=_bench_report)
     lang = bench.add_parser("lang", help="DSL programs, prefix cache on and off")
     lang.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
     lang.add_argument("--programs", nargs="+", default=["all"], help="few-shot, tree-of-thought")

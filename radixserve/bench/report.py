@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import date
 from pathlib import Path
 
 from rich.console import Console
@@ -20,8 +21,12 @@ def print_table(title: str, rows: Sequence[dict], columns: Sequence[tuple[str, s
     Console().print(table)
 
 
-def write_json(path: str | Path, payload: object) -> None:
-    Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+def write_json(path: str | Path, payload: dict) -> None:
+    """The rows with the date and the machine they were measured on, for the report."""
+    from radixserve.bench.docs_report import machine
+
+    stamped = {**payload, "measured": date.today().isoformat(), "machine": machine()}
+    Path(path).write_text(json.dumps(stamped, indent=2) + "\n")
 
 
 def _fmt(value: object) -> str:

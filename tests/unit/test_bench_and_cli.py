@@ -146,3 +146,20 @@ def test_serving_workloads_are_seeded_and_know_their_optimal():
     assert waves[0][0].prompt.tolist() == waves[1][0].prompt[: len(waves[0][0].prompt)].tolist()
     with pytest.raises(ValueError):
         make_workload("nope", 5000)
+
+
+def test_report_weaves_json_tables_into_the_notes(tmp_path):
+    from radixserve.bench.docs_report import render
+    from radixserve.bench.report import write_json
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "lang.md").write_text("Before.\n\n<!-- table -->\n\nAfter.\n")
+    rows = [{"program": "few-shot", "cache": "radix", "calls": 3, "hit_rate": 0.5}]
+    write_json(tmp_path / "bench_lang.json", {"config": {}, "rows": rows})
+    text = render(tmp_path)
+    lang = text[text.index("## DSL programs") :].split("\n## ")[0]
+    assert "Before." in lang and "After." in lang
+    assert "| few-shot | radix | 3 | 50.0% |" in lang
+    assert "(Measured " in lang
+    assert "not measured yet" in text  # sections without JSON say so
+    assert "cores" in text.split("\n## ")[0]  # the machine is described up front
