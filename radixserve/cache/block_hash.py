@@ -27,7 +27,12 @@ from radixserve.cache.base import (
     Namespace,
     PrefixMatch,
 )
-from radixserve.cache.slot_checks import EMPTY_SLOTS, check_slots, check_whole_pages
+from radixserve.cache.slot_checks import (
+    EMPTY_SLOTS,
+    check_page_size,
+    check_slots,
+    check_whole_pages,
+)
 from radixserve.cache.tokens import TOKEN_BYTES, decode_tokens, encode_tokens
 from radixserve.memory import KVSlotAllocator
 
@@ -55,12 +60,7 @@ def block_hash(parent_hash: bytes, tokens: bytes) -> bytes:
 
 class BlockHashCache(BasePrefixCache):
     def __init__(self, page_size: int = 16, allocator: KVSlotAllocator | None = None) -> None:
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        if allocator is not None and allocator.page_size != page_size:
-            raise ValueError(
-                f"allocator pages hold {allocator.page_size} slots, the cache's {page_size}"
-            )
+        check_page_size(page_size, allocator)
         self.page_size = page_size
         self.allocator = allocator
         self._page_bytes = page_size * TOKEN_BYTES

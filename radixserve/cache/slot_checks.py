@@ -35,3 +35,13 @@ def check_whole_pages(slots: np.ndarray, allocator: KVSlotAllocator) -> None:
     pages = slots.reshape(-1, page)
     if (pages[:, 0] % page).any() or (np.diff(pages, axis=1) != 1).any():
         raise ValueError(f"slots must come in whole pages of {page}, in order")
+
+
+def check_page_size(page_size: int, allocator: KVSlotAllocator | None) -> None:
+    """A cache and its allocator must agree on the page size."""
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    if allocator is not None and allocator.page_size != page_size:
+        raise ValueError(
+            f"allocator pages hold {allocator.page_size} slots, the cache's {page_size}"
+        )

@@ -139,9 +139,13 @@ class Scheduler:
             self.config.lpm_aging_tokens_per_s,
             self.rng,
         )
-        # Prompts admitted this step, to spot a later one that would share their uncached
-        # prefix: it waits a step and then hits the cache instead of recomputing it.
+        # Prompts being prefilled (admitted this step, or chunks still to go), to spot a later
+        # one that would share their uncached prefix: it waits and then hits the cache
+        # instead of recomputing it.
         admitted = RadixCache(self.page)
+        for req in self.running:
+            if req.computed_len < req.seq_len - 1:
+                admitted.insert(req.seq(), np.zeros(req.seq_len, dtype=np.int64), req.namespace)
         for req in ordered:
             if budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 break

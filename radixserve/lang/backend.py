@@ -43,6 +43,23 @@ class BaseBackend(ABC):
         return self.generate(input_ids, SamplingParams(max_new_tokens=0))
 
 
+class StreamCollector:
+    """Adds up streamed chunks, passing each piece of text on; returns the whole output
+    (as ``generate`` would) once the last chunk arrives."""
+
+    def __init__(self, on_text: OnText) -> None:
+        self.on_text, self.ids, self.text = on_text, [], ""
+
+    def __call__(self, chunk: dict) -> dict | None:
+        self.ids += chunk["token_ids"]
+        self.text += chunk["text"]
+        if chunk["text"]:
+            self.on_text(chunk["text"])
+        if not chunk["finished"]:
+            return None
+        return {"text": self.text, "token_ids": self.ids, "meta_info": chunk["meta_info"]}
+
+
 def scoring_params(context_len: int) -> SamplingParams:
     """Prompt log-probabilities from the first choice token on; one throwaway new token."""
     return SamplingParams(
@@ -71,15 +88,10 @@ class EngineBackend(BaseBackend):
         return asyncio.run(self._stream(list(input_ids), params, on_text))
 
     async def _stream(self, input_ids: list[int], params: SamplingParams, on_text: OnText):
-        ids: list[int] = []
-        text = ""
+        collect = StreamCollector(on_text)
         async for chunk in self.engine.generate_stream(input_ids=input_ids, sampling_params=params):
-            ids += chunk["token_ids"]
-            text += chunk["text"]
-            if chunk["text"]:
-                on_text(chunk["text"])
-            if chunk["finished"]:
-                return {"text": text, "token_ids": ids, "meta_info": chunk["meta_info"]}
+            if (out := collect(chunk)) is not None:
+                return out
         raise RuntimeError("the engine's stream ended without a final chunk")
 
     def score(self, context_ids: Sequence[int], choices: Sequence[Sequence[int]]) -> list[dict]:

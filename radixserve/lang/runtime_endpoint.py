@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import httpx
 
 from radixserve.engine import SamplingParams
-from radixserve.lang.backend import BaseBackend, OnText, scoring_params
+from radixserve.lang.backend import BaseBackend, OnText, StreamCollector, scoring_params
 from radixserve.model.chat_format import ChatFormat
 
 _PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} - {
@@ -56,8 +56,7 @@ class RuntimeEndpoint(BaseBackend):
         body = self._body(list(input_ids), params)
         if on_text is None:
             return self._call("POST", "/generate", body)
-        ids: list[int] = []
-        text = ""
+        collect = StreamCollector(on_text)
         with self.client.stream("POST", "/generate", json={**body, "stream": True}) as resp:
             if resp.status_code != 200:
                 resp.read()
@@ -70,12 +69,8 @@ class RuntimeEndpoint(BaseBackend):
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
                     raise RuntimeError(f"{self.url}/generate: {chunk['error']['message']}")
-                ids += chunk["token_ids"]
-                text += chunk["text"]
-                if chunk["text"]:
-                    on_text(chunk["text"])
-                if chunk["finished"]:
-                    return {"text": text, "token_ids": ids, "meta_info": chunk["meta_info"]}
+                if (out := collect(chunk)) is not None:
+                    return out
         raise RuntimeError(f"{self.url}/generate: the stream ended without a final chunk")
 
     def score(self, context_ids: Sequence[int], choices: Sequence[Sequence[int]]) -> list[dict]:

@@ -107,6 +107,16 @@ def test_a_shared_prefix_is_reported_cached(engine):
     assert out["meta_info"]["cached_tokens"] == 28  # 30 shared, page-aligned to 4
 
 
+def test_a_prompt_waits_for_a_chunked_prefill_it_shares_instead_of_recomputing_it():
+    rng = np.random.default_rng(3)
+    shared = rng.integers(3, 1000, 300).tolist()
+    with Engine("tiny", page_size=4, chunked_prefill_size=128, check_invariants=True) as e:
+        outs = e.generate(input_ids=[shared + [1, 2], shared + [3, 4]], sampling_params=GREEDY)
+    # The first is prefilled in chunks of 128; the second, seeing budget left beside the last
+    # chunk, still waits for it rather than computing the last 44 shared tokens again.
+    assert sorted(o["meta_info"]["cached_tokens"] for o in outs) == [0, 300]
+
+
 def test_max_new_tokens_zero_only_fills_the_cache(engine):
     rng = np.random.default_rng(2)
     prompt = rng.integers(3, 1000, 41).tolist()
