@@ -1,0 +1,74 @@
+"""The vLLM peer runs in another interpreter through a JSON file protocol. A stand-in
+``vllm`` package (vLLM itself is never a test dependency) checks that protocol end to end:
+the checkpoint directory, the block size, token prompts wave by wave, greedy settings."""
+
+import json
+import sys
+import textwrap
+
+import numpy as np
+
+from radixserve.bench.vllm_peer import run_vllm
+from radixserve.bench.workloads import ServingRequest, Workload
+
+FAKE_VLLM = """
+import json, os
+from pathlib import Path
+
+class SamplingParams:
+    def __init__(self, max_tokens=16, temperature=1.0, ignore_eos=False):
+        self.max_tokens, self.temperature, self.ignore_eos = max_tokens, temperature, ignore_eos
+
+class _Out:
+    def __init__(self, cached):
+        self.num_cached_tokens = cached
+
+class LLM:
+    def __init__(self, model, enable_prefix_caching, dtype, max_model_len, block_size):
+        assert Path(model, "config.json").exists() and enable_prefix_caching
+        self.block, self.seen, self.log = block_size, set(), []
+
+    def reset_prefix_cache(self):
+        self.seen.clear()
+
+    def generate(self, prompts, params, use_tqdm=True):
+        outs = []
+        for p, sp in zip(prompts, params if isinstance(params, list) else [params] * len(prompts)):
+            ids = p["prompt_token_ids"]
+            hit = 0
+            for k in range(len(ids) // self.block):
+                if tuple(ids[: (k + 1) * self.block]) not in self.seen:
+                    break
+                hit = (k + 1) * self.block
+            for k in range(len(ids) // self.block):
+                self.seen.add(tuple(ids[: (k + 1) * self.block]))
+            self.log.append((len(ids), sp.max_tokens, sp.temperature, sp.ignore_eos))
+            outs.append(_Out(hit))
+        with open(os.environ["FAKE_VLLM_LOG"], "a") as f:
+            f.write(json.dumps(self.log) + "\\n")
+        return outs
+"""
+
+
+def test_run_vllm_speaks_the_json_protocol(tmp_path, monkeypatch):
+    pkg = tmp_path / "site" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM))
+    (pkg / "inputs.py").write_text(
+        "def TokensPrompt(prompt_token_ids):\n    return {'prompt_token_ids': prompt_token_ids}\n"
+    )
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+    shared = np.arange(3, 35, dtype=np.int32)
+    reqs = [
+        ServingRequest(np.concatenate([shared, [40 + i]]).astype(np.int32), 4, wave=i // 2)
+        for i in range(4)
+    ]
+    row = run_vllm(sys.executable, "tiny", Workload("w", "test", reqs), page_size=16)
+    assert row["config"] == "vllm" and row["requests"] == 4 and row["seconds"] > 0
+    # the first request computes the 32 shared tokens; the other three hit both blocks
+    assert row["hit_rate"] == 3 * 32 / (4 * 33)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(calls) == 3  # a warm-up, then one generate per wave
+    assert calls[-1][-1] == [33, 4, 0, True]
