@@ -102,6 +102,21 @@ SECTIONS = (
         ),
     ),
     Section(
+        "serving_vllm",
+        "Against vLLM — `radixserve bench serving --configs radix-lpm vllm`",
+        "radixserve bench serving --workload few-shot shared-system-prompt multi-turn-chat rag "
+        "--configs radix-lpm vllm --vllm-python PEER_VENV/bin/python "
+        "--json docs/bench_serving_vllm.json",
+        (
+            ("workload", "workload", _plain),
+            ("config", "configuration", _plain),
+            ("req_s", "req/s", _num(2)),
+            ("tok_s", "tok/s", _num(0)),
+            ("hit_rate", "hit rate", _pct),
+            ("prefill_tokens", "prefilled", _plain),
+        ),
+    ),
+    Section(
         "serve",
         "The HTTP server under load — `radixserve bench serve`",
         "radixserve bench serve --json docs/bench_serve.json",

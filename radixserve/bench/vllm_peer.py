@@ -25,7 +25,7 @@ def run_vllm(python: str, model: str, workload, page_size: int) -> dict:
         model_dir = str(export_preset(model, Path(tmp) / "model")) if model in PRESETS else model
         job = {
             "model_dir": model_dir,
-            "block_size": max(page_size, 16),
+            "block_size": -(-page_size // 32) * 32,  # its CPU attention wants multiples of 32
             "waves": [
                 [{"prompt": r.prompt.tolist(), "max_tokens": r.max_tokens} for r in wave]
                 for wave in workload.waves
