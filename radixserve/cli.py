@@ -269,9 +269,13 @@ def _bench_serving(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, {"config": vars(cfg), **result, "targets": targets})
     if args.plot:
-        from radixserve.bench.plots import plot_serving_bench
+        try:
+            from radixserve.bench.plots import plot_serving_bench
 
-        plot_serving_bench(result["rows"], result["sweep"], args.plot)
+            plot_serving_bench(result["rows"], result["sweep"], args.plot)
+        except ImportError:
+            print("plotting needs matplotlib: pip install 'radixserve[bench]'", file=sys.stderr)
+            return 1
     return 0
 
 
