@@ -25,10 +25,9 @@ def _cache_demo(args: argparse.Namespace) -> int:
 
 
 def _bench_cache(args: argparse.Namespace) -> int:
-    from rich.progress import Progress
 
     from radixserve.bench.cache_bench import CacheBenchConfig, num_steps, run_cache_bench
-    from radixserve.bench.report import print_table, write_json
+    from radixserve.bench.report import print_table, with_progress, write_json
 
     cfg = CacheBenchConfig(page_sizes=tuple(args.page_sizes), seed=args.seed)
     if args.quick:
@@ -43,13 +42,7 @@ def _bench_cache(args: argparse.Namespace) -> int:
             evictions=200,
             seed=args.seed,
         )
-    with Progress(transient=True) as progress:
-        task = progress.add_task("bench cache", total=num_steps(cfg))
-
-        def step(label: str) -> None:
-            progress.update(task, advance=1, description=label)
-
-        rows = run_cache_bench(cfg, step)
+    rows = with_progress("bench cache", num_steps(cfg), lambda step: run_cache_bench(cfg, step))
     columns = [
         ("page_size", "page"),
         ("tree_tokens", "cached tokens"),
@@ -73,10 +66,9 @@ def _bench_cache(args: argparse.Namespace) -> int:
 
 def _bench_model(args: argparse.Namespace) -> int:
     import torch
-    from rich.progress import Progress
 
     from radixserve.bench.model_bench import ModelBenchConfig, num_steps, run_model_bench
-    from radixserve.bench.report import print_table, write_json
+    from radixserve.bench.report import print_table, with_progress, write_json
 
     cfg = ModelBenchConfig(preset=args.model, dtypes=tuple(args.dtypes))
     if args.quick:
@@ -89,11 +81,7 @@ def _bench_model(args: argparse.Namespace) -> int:
             decode_steps=2,
             reps=1,
         )
-    with Progress(transient=True) as progress:
-        task = progress.add_task("bench model", total=num_steps(cfg))
-        rows = run_model_bench(
-            cfg, lambda label: progress.update(task, advance=1, description=label)
-        )
+    rows = with_progress("bench model", num_steps(cfg), lambda step: run_model_bench(cfg, step))
     columns = [
         ("dtype", "dtype"),
         ("case", "case"),
@@ -159,10 +147,9 @@ def _bench_serve(args: argparse.Namespace) -> int:
 
 
 def _bench_lang(args: argparse.Namespace) -> int:
-    from rich.progress import Progress
 
     from radixserve.bench.lang_bench import PROGRAMS, LangBenchConfig, run_lang_bench
-    from radixserve.bench.report import print_table, write_json
+    from radixserve.bench.report import print_table, with_progress, write_json
 
     cfg = LangBenchConfig(model=args.model, rounds=args.rounds, seed=args.seed)
     if args.quick:
@@ -178,11 +165,11 @@ def _bench_lang(args: argparse.Namespace) -> int:
     programs = list(PROGRAMS) if args.programs == ["all"] else args.programs
     if unknown := set(programs) - set(PROGRAMS):
         raise ValueError(f"unknown programs {sorted(unknown)}; choose from {sorted(PROGRAMS)}")
-    with Progress(transient=True) as progress:
-        task = progress.add_task("bench lang", total=len(programs) * 2 * cfg.rounds)
-        rows = run_lang_bench(
-            cfg, programs, lambda label: progress.update(task, advance=1, description=label)
-        )
+    rows = with_progress(
+        "bench lang",
+        len(programs) * 2 * cfg.rounds,
+        lambda step: run_lang_bench(cfg, programs, step),
+    )
     columns = [
         ("program", "program"),
         ("cache", "cache"),
@@ -202,9 +189,8 @@ def _bench_lang(args: argparse.Namespace) -> int:
 
 
 def _bench_serving(args: argparse.Namespace) -> int:
-    from rich.progress import Progress
 
-    from radixserve.bench.report import print_table, write_json
+    from radixserve.bench.report import print_table, with_progress, write_json
     from radixserve.bench.serving_bench import (
         ServingBenchConfig,
         check_targets,
@@ -226,11 +212,9 @@ def _bench_serving(args: argparse.Namespace) -> int:
         sweep_workload=args.sweep,
         vllm_python=args.vllm_python,
     )
-    with Progress(transient=True) as progress:
-        task = progress.add_task("bench serving", total=num_steps(cfg))
-        result = run_serving_bench(
-            cfg, lambda label: progress.update(task, advance=1, description=label)
-        )
+    result = with_progress(
+        "bench serving", num_steps(cfg), lambda step: run_serving_bench(cfg, step)
+    )
     columns = [
         ("workload", "workload"),
         ("config", "config"),

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
+from typing import TypeVar
 
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 
@@ -19,6 +21,16 @@ def print_table(title: str, rows: Sequence[dict], columns: Sequence[tuple[str, s
     for row in rows:
         table.add_row(*(_fmt(row.get(key, "")) for key, _ in columns))
     Console().print(table)
+
+
+T = TypeVar("T")
+
+
+def with_progress(title: str, total: int, run: Callable[[Callable[[str], None]], T]) -> T:
+    """Call ``run(step)`` under a transient progress bar; each ``step(label)`` advances it."""
+    with Progress(transient=True) as progress:
+        task = progress.add_task(title, total=total)
+        return run(lambda label: progress.update(task, advance=1, description=label))
 
 
 def write_json(path: str | Path, payload: dict) -> None:
