@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import torch
 
+from radixserve.attention.attention_plan import PrefixGroup
 from radixserve.attention.base import AttentionBackend
 from radixserve.attention.forward_batch import ExtendRequest, ForwardBatch
+from radixserve.attention.native_backend import SUPPORTED_DTYPES as NATIVE_DTYPES
+from radixserve.attention.native_backend import NativeAttentionBackend
 from radixserve.attention.torch_backend import TorchAttentionBackend
+from radixserve.csrc import load_native
 from radixserve.memory.kv_pool import KVPool
 
-BACKENDS = ("auto", "torch", "flashinfer")
+BACKENDS = ("auto", "torch", "native", "flashinfer")
 
 
-def resolve_backend_name(name: str, device: torch.device | str) -> str:
-    """``auto`` picks flashinfer on CUDA when it is installed, torch otherwise."""
+def resolve_backend_name(
+    name: str, device: torch.device | str, dtype: torch.dtype = torch.float32
+) -> str:
+    """``auto`` picks flashinfer on CUDA when it is installed, the native kernels on CPU when
+    they build (and read ``dtype``), torch otherwise."""
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {BACKENDS}")
     if name != "auto":
@@ -24,7 +31,9 @@ def resolve_backend_name(name: str, device: torch.device | str) -> str:
 
             return "flashinfer"
         except ImportError:
-            pass
+            return "torch"
+    if dtype in NATIVE_DTYPES and load_native() is not None:
+        return "native"
     return "torch"
 
 
@@ -36,7 +45,9 @@ def create_attention_backend(
     head_dim: int,
     scale: float,
 ) -> AttentionBackend:
-    name = resolve_backend_name(name, kv_pool.k[0].device)
+    name = resolve_backend_name(name, kv_pool.k[0].device, kv_pool.k[0].dtype)
+    if name == "native":
+        return NativeAttentionBackend(kv_pool, num_heads, num_kv_heads, head_dim, scale)
     if name == "flashinfer":
         from radixserve.attention.flashinfer_backend import FlashInferAttentionBackend
 
@@ -48,6 +59,8 @@ __all__ = [
     "AttentionBackend",
     "ExtendRequest",
     "ForwardBatch",
+    "NativeAttentionBackend",
+    "PrefixGroup",
     "TorchAttentionBackend",
     "create_attention_backend",
     "resolve_backend_name",

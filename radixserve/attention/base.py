@@ -17,6 +17,7 @@ from radixserve.memory.kv_pool import KVPool
 
 class AttentionBackend(ABC):
     name: str
+    uses_prefix_groups = False  # reads ``batch.prefix_groups`` (cascade attention)
 
     def __init__(
         self, kv_pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, scale: float

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixserve.attention.attention_plan import PrefixGroup
+
 
 @dataclass(frozen=True)
 class ExtendRequest:
@@ -49,6 +51,8 @@ class ForwardBatch:
     seq_lens: list[int]
     page_size: int
     return_all_logits: bool = False
+    # requests sharing their first slots (a radix-tree path); backends may ignore it
+    prefix_groups: tuple[PrefixGroup, ...] = ()
     attn_metadata: Any = field(default=None, repr=False)
 
     @property
@@ -70,6 +74,7 @@ class ForwardBatch:
         page_size: int,
         device: torch.device | str = "cpu",
         return_all_logits: bool = False,
+        prefix_groups: Sequence[PrefixGroup] = (),
     ) -> ForwardBatch:
         if not requests:
             raise ValueError("a forward batch needs at least one request")
@@ -97,4 +102,5 @@ class ForwardBatch:
             seq_lens=[r.seq_len for r in requests],
             page_size=page_size,
             return_all_logits=return_all_logits,
+            prefix_groups=tuple(prefix_groups),
         )

@@ -147,6 +147,16 @@ class BasePrefixCache(ABC):
         the cache (running requests' own KV), needed to balance the allocator's books.
         """
 
+    def shared_prefixes(
+        self, nodes: Sequence[object], lengths: Sequence[int], min_len: int
+    ) -> list[tuple[int, list[int]]]:
+        """Groups ``(shared_len, positions)`` of ``nodes`` (locked handles, one per running
+        request, which reads the first ``lengths[i]`` tokens of its path from the cache) whose
+        paths hold the same slots for their first ``shared_len`` tokens, ``shared_len >=
+        min_len``; a position is in at most one group. An index that cannot tell cheaply
+        returns none, which is always correct."""
+        return []
+
     @abstractmethod
     def pretty_print(self) -> str:
         """Print (and return) a human-readable picture of what is cached."""

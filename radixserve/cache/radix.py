@@ -17,6 +17,7 @@ from sortedcontainers import SortedDict
 
 from radixserve.cache.base import BasePrefixCache, CacheStats, Namespace, PrefixMatch
 from radixserve.cache.invariants import check_radix_invariants
+from radixserve.cache.shared_paths import group_shared_paths
 from radixserve.cache.slot_checks import (
     EMPTY_SLOTS,
     check_page_size,
@@ -25,6 +26,7 @@ from radixserve.cache.slot_checks import (
 )
 from radixserve.cache.tokens import TOKEN_BYTES, decode_tokens, encode_tokens
 from radixserve.cache.tree_node import TreeNode
+from radixserve.csrc import load_native
 from radixserve.memory import KVSlotAllocator
 
 
@@ -35,11 +37,19 @@ class RadixCache(BasePrefixCache):
     simulation mode, where slots are plain ints (for scheduling analysis and simulators).
     """
 
-    def __init__(self, page_size: int = 1, allocator: KVSlotAllocator | None = None) -> None:
+    def __init__(
+        self,
+        page_size: int = 1,
+        allocator: KVSlotAllocator | None = None,
+        native_matcher: bool = True,
+    ) -> None:
         check_page_size(page_size, allocator)
         self.page_size = page_size
         self.allocator = allocator
         self._page_bytes = page_size * TOKEN_BYTES
+        native = load_native() if native_matcher else None
+        # (key, pos, edge, unit) -> bytes of key[pos:] agreeing with edge, in whole units
+        self._native_matching = native.matching_prefix if native is not None else None
         self._clear()
 
     # ---- queries -------------------------------------------------------------------------
@@ -201,6 +211,11 @@ class RadixCache(BasePrefixCache):
     def check_invariants(self, slots_held_outside: int = 0) -> None:
         check_radix_invariants(self, slots_held_outside)
 
+    def shared_prefixes(
+        self, nodes: Sequence[object], lengths: Sequence[int], min_len: int
+    ) -> list[tuple[int, list[int]]]:
+        return group_shared_paths([self._check_handle(n) for n in nodes], lengths, min_len)
+
     def pretty_print(self, max_tokens: int = 8) -> str:
         lines = []
 
@@ -266,8 +281,11 @@ class RadixCache(BasePrefixCache):
 
     def _matching_bytes(self, key: bytes, pos: int, end: int, edge: bytes) -> int:
         """Bytes of whole pages of ``edge`` that ``key[pos:end]`` matches; the first page is
-        known to match. A binary search over pages, each probe one ``memcmp``."""
+        known to match. Natively one scan; else a binary search over pages, each probe one
+        ``memcmp`` (the reference the native scan is tested against)."""
         pb = self._page_bytes
+        if self._native_matching is not None:
+            return self._native_matching(key, pos, edge, pb)
         lo, hi = 1, min(len(edge), end - pos) // pb
         while lo < hi:
             mid = (lo + hi + 1) // 2

@@ -22,6 +22,11 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     cache_index: str = "radix"  # or "block-hash": vLLM's way, kept for comparison
     attention_backend: str = "auto"
+    # requests sharing a tree path attend over it once (backends that support it: native),
+    # when they share at least cascade_min_shared tokens (below that the merge costs about
+    # what the saved reads do)
+    cascade_attention: bool = True
+    cascade_min_shared: int = 64
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
@@ -48,5 +53,7 @@ class EngineConfig:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
+        if self.cascade_min_shared < 1:
+            raise ValueError("cascade_min_shared must be >= 1")
         if self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be at least one page")

@@ -48,6 +48,8 @@ class Engine:
         cache_cls = index if self.config.enable_prefix_cache else NoPrefixCache
         self.cache = cache_cls(page, self.allocator)
         self.scheduler = Scheduler(self.config, self.cache, self.allocator, self._check_finish)
+        if self.config.cascade_attention and self.runner.backend.uses_prefix_groups:
+            self.scheduler.cascade_min_len = self.config.cascade_min_shared
         self.sampler = Sampler(self.config.seed)
         self._ids = itertools.count()
         self._cond = threading.Condition()
@@ -194,6 +196,8 @@ class Engine:
             "waiting": len(s.waiting),
             "preemptions": s.num_preemptions,
             "scheduler_steps": self._steps,
+            "cascade_groups": s.cascade_groups,
+            "cascade_saved_tokens": s.cascade_saved_tokens,
             "scheduler_s": self._sched_s,
             "finished_requests": self._finished,
             "generated_tokens": self._generated,

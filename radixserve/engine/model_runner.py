@@ -11,7 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.attention import ExtendRequest, ForwardBatch, create_attention_backend
+from radixserve.attention import (
+    ExtendRequest,
+    ForwardBatch,
+    PrefixGroup,
+    create_attention_backend,
+)
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.req import Req
 from radixserve.engine.scheduler import ScheduleBatch
@@ -71,7 +76,8 @@ class ModelRunner:
             ExtendRequest(w.req.seq()[w.start : w.end], w.req.slots[: w.end]) for w in batch.work
         ]
         every = not batch.decode and any(w.req.params.prompt_logprobs for w in batch.work)
-        fb = ForwardBatch.create(requests, self.config.page_size, self.device, every)
+        groups = [PrefixGroup(n, tuple(members)) for n, members in batch.prefix_groups]
+        fb = ForwardBatch.create(requests, self.config.page_size, self.device, every, groups)
         logits = self.loaded.model(fb, self.backend)
         rows = [i for i, w in enumerate(batch.work) if w.samples]
         return ForwardOutput(logits.last[rows], [batch.work[i].req for i in rows], logits.all)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +49,8 @@ class Work:
 class ScheduleBatch:
     work: list[Work]
     decode: bool
+    # (shared_len, positions in work): requests whose first shared_len slots are one tree path
+    prefix_groups: list[tuple[int, list[int]]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -72,6 +74,9 @@ class Scheduler:
         self.requests_admitted = 0
         self.requests_hit = 0
         self.num_preemptions = 0
+        self.cascade_min_len: int | None = None  # set when the attention backend groups
+        self.cascade_groups = 0  # groups handed to the backend
+        self.cascade_saved_tokens = 0  # per layer: K/V rows not re-read thanks to them
 
     # ---- intake --------------------------------------------------------------------------
 
@@ -111,9 +116,25 @@ class Scheduler:
     def schedule(self) -> ScheduleBatch | None:
         extend = self._schedule_extend()
         if extend:
-            return ScheduleBatch(extend, decode=False)
+            return ScheduleBatch(extend, decode=False, prefix_groups=self._groups(extend))
         decode = self._schedule_decode()
-        return ScheduleBatch(decode, decode=True) if decode else None
+        if not decode:
+            return None
+        return ScheduleBatch(decode, decode=True, prefix_groups=self._groups(decode))
+
+    def _groups(self, work: list[Work]) -> list[tuple[int, list[int]]]:
+        """The tree paths the batch's requests share, for attention backends that read a
+        shared prefix once for all its readers (``cascade_min_len`` None: not asked for)."""
+        if self.cascade_min_len is None or len(work) < 2:
+            return []
+        nodes = [w.req.last_node for w in work]
+        # A request may lock a longer match than it reads from the tree (prompt logprobs
+        # recompute their span): only its first cached_len slots are the tree's.
+        lengths = [w.req.cached_len for w in work]
+        groups = self.cache.shared_prefixes(nodes, lengths, self.cascade_min_len)
+        self.cascade_groups += len(groups)
+        self.cascade_saved_tokens += sum((len(m) - 1) * n for n, m in groups)
+        return groups
 
     def _schedule_extend(self) -> list[Work]:
         budget = self.config.chunked_prefill_size

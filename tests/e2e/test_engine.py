@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from radixserve import Engine, SamplingParams
+from radixserve.csrc import native_available
 from radixserve.model import export_preset
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
@@ -63,6 +64,19 @@ def test_greedy_equals_transformers_with_cache_on_and_off(reference, page_size):
     assert on == blocks == off == reference
     assert stats["hit_tokens"] > 0
     assert block_stats["hit_tokens"] > 0
+
+
+@pytest.mark.skipif(not native_available(), reason="native kernels did not build")
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_native_attention_with_cascade_equals_transformers(reference, page_size):
+    native, stats = run(page_size=page_size, attention_backend="native", cascade_min_shared=16)
+    plain, plain_stats = run(
+        page_size=page_size, attention_backend="native", cascade_attention=False
+    )
+    torch_outs, _ = run(page_size=page_size, attention_backend="torch")
+    assert native == plain == torch_outs == reference
+    assert stats["cascade_groups"] > 0 and stats["cascade_saved_tokens"] > 0
+    assert plain_stats["cascade_groups"] == 0
 
 
 @pytest.mark.parametrize(

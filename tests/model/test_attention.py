@@ -1,4 +1,5 @@
-"""The torch attention backend against a direct per-request softmax over the same K/V."""
+"""The attention backends (torch, native) against a direct per-request softmax over the same
+K/V, computed in float64."""
 
 import math
 
@@ -8,8 +9,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.attention import ExtendRequest, ForwardBatch, TorchAttentionBackend
+from radixserve.attention import (
+    ExtendRequest,
+    ForwardBatch,
+    NativeAttentionBackend,
+    TorchAttentionBackend,
+)
+from radixserve.csrc import native_available
 from radixserve.memory.kv_pool import KVPool
+
+BACKENDS = [
+    TorchAttentionBackend,
+    pytest.param(
+        NativeAttentionBackend,
+        marks=pytest.mark.skipif(not native_available(), reason="native kernels did not build"),
+    ),
+]
 
 
 def reference(q, pool, layer, batch, scale, group):
@@ -40,20 +55,42 @@ def test_torch_backend_matches_reference(lens, kv_heads, group, head_dim, dtype,
     check_against_reference(lens, kv_heads, group, head_dim, dtype, seed)
 
 
+@pytest.mark.skipif(not native_available(), reason="native kernels did not build")
+@settings(max_examples=60, deadline=None)
+@given(
+    # long enough contexts to cut keys into chunks and extends into query blocks
+    lens=st.lists(st.tuples(st.integers(0, 1100), st.integers(1, 70)), min_size=1, max_size=4),
+    kv_heads=st.sampled_from([1, 2, 3]),
+    group=st.sampled_from([1, 3, 4, 8]),
+    head_dim=st.sampled_from([8, 12, 64, 128]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_native_backend_matches_reference(lens, kv_heads, group, head_dim, dtype, seed):
+    check_against_reference(
+        lens, kv_heads, group, head_dim, dtype, seed, NativeAttentionBackend, pool_slots=4608
+    )
+
+
+@pytest.mark.parametrize("backend_cls", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    "lens", [[(10, 1), (3, 1), (0, 1)], [(7, 1), (7, 1)]], ids=["ragged", "even"]
+    "lens",
+    [[(10, 1), (3, 1), (0, 1)], [(7, 1), (7, 1)], [(0, 1100)]],
+    ids=["ragged", "even", "lone-prefill"],
 )
-def test_decode_batches(lens, dtype):
-    check_against_reference(lens, kv_heads=3, group=3, head_dim=16, dtype=dtype, seed=1)
+def test_decode_batches(lens, dtype, backend_cls):
+    check_against_reference(lens, 3, 3, 16, dtype, 1, backend_cls, pool_slots=2048)
 
 
-def check_against_reference(lens, kv_heads, group, head_dim, dtype, seed):
+def check_against_reference(
+    lens, kv_heads, group, head_dim, dtype, seed, backend_cls=TorchAttentionBackend, pool_slots=256
+):
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     total = sum(p + e for p, e in lens)
-    pool = KVPool(2, 256, 1, kv_heads, head_dim, dtype)
-    slots = rng.permutation(256)[:total]  # any slots: the torch backend gathers by slot
+    pool = KVPool(2, pool_slots, 1, kv_heads, head_dim, dtype)
+    slots = rng.permutation(pool_slots)[:total]  # any slots: backends read by slot
     requests, start = [], 0
     for prefix, ext in lens:
         requests.append(ExtendRequest([0] * ext, slots[start : start + prefix + ext]))
@@ -69,7 +106,7 @@ def check_against_reference(lens, kv_heads, group, head_dim, dtype, seed):
     k = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype)
     scale = 1 / math.sqrt(head_dim)
-    backend = TorchAttentionBackend(pool, heads, kv_heads, head_dim, scale)
+    backend = backend_cls(pool, heads, kv_heads, head_dim, scale)
     backend.prepare(batch)
     out = backend.forward(1, q, k, v, batch)
     assert torch.equal(pool.k[1][batch.out_slots], k)
@@ -91,7 +128,8 @@ def test_batch_validation():
 def test_backend_names():
     from radixserve.attention import resolve_backend_name
 
-    assert resolve_backend_name("auto", "cpu") == "torch"
+    assert resolve_backend_name("auto", "cpu") == ("native" if native_available() else "torch")
+    assert resolve_backend_name("auto", "cpu", torch.float16) == "torch"
     assert resolve_backend_name("flashinfer", "cpu") == "flashinfer"
     with pytest.raises(ValueError, match="unknown attention backend"):
         resolve_backend_name("xformers", "cpu")

@@ -1,0 +1,135 @@
+"""The work list the native paged-attention kernel runs: which query rows meet which slots.
+
+An *item* is a block of query rows against a contiguous stretch of one request's context
+slots (a chunk of at most ``key_chunk`` keys), with a causal offset: row ``r`` sees the first
+``clamp(causal_offset + r, 0, num_keys)`` keys of its stretch. Every row ends as a partial
+softmax state; the kernel merges a token's rows by log-sum-exp. So
+
+- a decode is one row per request, its context split in chunks (split-K, so one long
+  context still spreads over every core);
+- an extend is blocks of ``query_block`` tokens, each over the keys it may see;
+- a shared prefix (cascade) is one set of items whose rows are *every* member's tokens over
+  the group's common slots, read once for all of them, plus each member's private suffix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+QUERY_BLOCK = 32
+KEY_CHUNK = 512
+_ALL = np.iinfo(np.int64).max // 4  # a causal offset that shows a row every key
+
+
+@dataclass(frozen=True)
+class PrefixGroup:
+    """Requests of a batch (by index) whose first ``shared_len`` context slots are the same
+    slots: the path they share in the radix tree."""
+
+    shared_len: int
+    members: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    items: torch.Tensor  # [num_items, 5] int64: row0, rows, key_start, num_keys, causal_offset
+    q_index: torch.Tensor  # [num_rows] int64: the token of each row
+    merge_indptr: torch.Tensor  # [num_tokens + 1] int64
+    merge_rows: torch.Tensor  # [num_rows] int64: rows ordered by token
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.q_index)
+
+
+class _Builder:
+    def __init__(self, query_block: int, key_chunk: int) -> None:
+        self.query_block, self.key_chunk = query_block, key_chunk
+        self.items: list[tuple[int, int, int, int, int]] = []
+        self.rows: list[np.ndarray] = []
+        self.num_rows = 0
+
+    def add(self, tokens: np.ndarray, key_start: int, num_keys: int, causal_offset: int) -> None:
+        """Rows ``tokens`` (in order; row r sees ``causal_offset + r`` keys) over
+        ``num_keys`` slots from ``key_start``, cut into query blocks and key chunks."""
+        for q0 in range(0, len(tokens), self.query_block):
+            block = tokens[q0 : q0 + self.query_block]
+            offset = causal_offset + q0
+            seen = min(num_keys, offset + len(block) - 1)
+            for c in range(0, seen, self.key_chunk):
+                n = min(self.key_chunk, num_keys - c)
+                self.items.append((self.num_rows, len(block), key_start + c, n, offset - c))
+                self.rows.append(block)
+                self.num_rows += len(block)
+
+    def build(self, num_tokens: int) -> AttentionPlan:
+        q_index = np.concatenate(self.rows)
+        counts = np.bincount(q_index, minlength=num_tokens)
+        if (counts == 0).any():
+            raise AssertionError("every token needs at least one row")
+        indptr = np.zeros(num_tokens + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        return AttentionPlan(
+            items=torch.tensor(self.items, dtype=torch.int64).reshape(-1, 5),
+            q_index=torch.from_numpy(q_index.astype(np.int64)),
+            merge_indptr=torch.from_numpy(indptr),
+            merge_rows=torch.from_numpy(np.argsort(q_index, kind="stable").astype(np.int64)),
+        )
+
+
+def plan_attention(
+    seq_lens: Sequence[int],
+    extend_lens: Sequence[int],
+    kv_slots: np.ndarray | None = None,
+    groups: Sequence[PrefixGroup] = (),
+    query_block: int = QUERY_BLOCK,
+    key_chunk: int = KEY_CHUNK,
+) -> AttentionPlan:
+    """Plan a batch laid out as ``ForwardBatch`` lays it out (tokens and contexts request
+    after request). ``groups`` need ``kv_slots`` (the batch's concatenated contexts) to be
+    checked: members must really share their first ``shared_len`` slots, all cached."""
+    seq = np.asarray(seq_lens, dtype=np.int64)
+    ext = np.asarray(extend_lens, dtype=np.int64)
+    kv_start = np.cumsum(seq) - seq
+    q_start = np.cumsum(ext) - ext
+    prefix = seq - ext
+    shared = np.zeros(len(seq), dtype=np.int64)
+    b = _Builder(query_block, key_chunk)
+    for group in groups:
+        _check_group(group, prefix, kv_start, kv_slots, shared)
+        m = np.asarray(group.members)
+        tokens = np.concatenate([np.arange(q_start[i], q_start[i] + ext[i]) for i in m])
+        b.add(tokens, int(kv_start[m[0]]), group.shared_len, _ALL)
+        shared[m] = group.shared_len
+    for i in range(len(seq)):
+        s = int(shared[i])
+        tokens = np.arange(q_start[i], q_start[i] + ext[i])
+        # Token j of the request sits at position prefix + j and sees keys 0 .. prefix + j.
+        b.add(tokens, int(kv_start[i]) + s, int(seq[i]) - s, int(prefix[i]) - s + 1)
+    return b.build(int(ext.sum()))
+
+
+def _check_group(
+    group: PrefixGroup,
+    prefix: np.ndarray,
+    kv_start: np.ndarray,
+    kv_slots: np.ndarray | None,
+    shared: np.ndarray,
+) -> None:
+    m, n = list(group.members), group.shared_len
+    if len(m) < 2 or n < 1:
+        raise ValueError(f"a prefix group needs >= 2 members and a shared length: {group}")
+    if len(set(m)) != len(m) or shared[m].any():
+        raise ValueError(f"a request belongs to at most one prefix group: {group}")
+    if (prefix[m] < n).any():
+        raise ValueError(f"a shared prefix must be cached for every member: {group}")
+    if kv_slots is None:
+        raise ValueError("checking a prefix group needs the batch's kv_slots")
+    first = kv_slots[kv_start[m[0]] : kv_start[m[0]] + n]
+    for i in m[1:]:
+        if not np.array_equal(kv_slots[kv_start[i] : kv_start[i] + n], first):
+            raise ValueError(f"request {i} does not share the first {n} slots of {group}")

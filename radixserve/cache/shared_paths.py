@@ -1,0 +1,54 @@
+"""Which of a batch's requests share a path in the radix tree, for cascade attention.
+
+Requests holding locks on nodes below a common node share that node's whole path: the same
+slots for the same first tokens. Attention over those slots can then be computed once for
+all of them. Given each request's locked node, pick the groups that save the most reads:
+at a node reached by ``c >= 2`` requests, grouping them there saves ``(c - 1) * depth``
+key reads; grouping subsets deeper may save more. One level of groups per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from radixserve.cache.tree_node import TreeNode
+
+
+def group_shared_paths(
+    nodes: Sequence[TreeNode | None], lengths: Sequence[int], min_len: int
+) -> list[tuple[int, list[int]]]:
+    """``(shared_len, positions)`` groups over ``nodes`` (positions index ``nodes``), each
+    with >= 2 members sharing >= ``min_len`` tokens. Member ``i`` only offers the nodes of
+    its path that end within its first ``lengths[i]`` tokens (the part it reads from the
+    tree); ``None`` and root nodes share nothing."""
+    members: dict[TreeNode, list[int]] = {}
+    depth: dict[TreeNode, int] = {}
+    kids: dict[TreeNode, list[TreeNode]] = {}
+    tops: list[TreeNode] = []
+    for i, node in enumerate(nodes):
+        path = []
+        while node is not None and not node.is_root:
+            path.append(node)
+            node = node.parent
+        d = 0
+        for parent, child in zip([None, *path[::-1]], path[::-1], strict=False):
+            d += child.num_tokens
+            if d > lengths[i]:
+                break
+            if child not in members:
+                members[child], depth[child] = [], d
+                (kids.setdefault(parent, []) if parent else tops).append(child)
+            members[child].append(i)
+
+    def best(node: TreeNode) -> tuple[int, list[tuple[int, list[int]]]]:
+        here = members[node]
+        if len(here) < 2:
+            return 0, []
+        saved, groups = 0, []
+        for child in kids.get(node, []):
+            s, g = best(child)
+            saved, groups = saved + s, groups + g
+        own = (len(here) - 1) * depth[node] if depth[node] >= min_len else 0
+        return (own, [(depth[node], here)]) if own > 0 and own >= saved else (saved, groups)
+
+    return [g for top in tops for g in best(top)[1]]

@@ -1,0 +1,75 @@
+"""Native CPU kernels: paged attention read in place from the KV pool, and the radix tree's
+edge comparison.
+
+The C++ sources sit beside this file and are compiled on first use with torch's extension
+loader (cached under ``~/.cache/torch_extensions``, rebuilt when a source changes). Nothing
+here is needed to import or run radixserve: when the build cannot happen (no compiler, no
+ninja, ``RADIXSERVE_NATIVE=0``) :func:`load_native` logs one line and returns ``None``, and
+callers keep their torch/Python paths, which are also the references the tests compare with.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+
+logger = logging.getLogger(__name__)
+
+SOURCES = ("bindings.cpp", "paged_attention.cpp", "prefix_match.cpp")
+DISABLE_ENV = "RADIXSERVE_NATIVE"
+_FLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp"]
+
+
+@functools.cache
+def load_native() -> ModuleType | None:
+    """The compiled module, or ``None`` (said once in the log) when it cannot be built."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        logger.info("native kernels disabled by %s=0", DISABLE_ENV)
+        return None
+    try:
+        from torch.utils import cpp_extension
+
+        _put_ninja_on_path()
+        here = Path(__file__).parent
+        return cpp_extension.load(
+            name=_module_name(),
+            sources=[str(here / s) for s in SOURCES],
+            extra_cflags=_FLAGS,
+            verbose=False,
+        )
+    except Exception as exc:  # a missing compiler surfaces as many different exception types
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        logger.warning("native kernels unavailable, using the torch/Python paths: %s", reason)
+        return None
+
+
+def native_available() -> bool:
+    return load_native() is not None
+
+
+def _module_name() -> str:
+    """Built with ``-march=native``: the name carries the CPU's feature flags, so a cache
+    directory shared between different machines never hands one the other's binary."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    return "radixserve_native_" + hashlib.sha256(flags.encode()).hexdigest()[:8]
+
+
+def _put_ninja_on_path() -> None:
+    """torch's loader runs ``ninja`` from PATH; the pip package's binary may not be there
+    when the interpreter is called without activating its environment."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    bin_dir = getattr(ninja, "BIN_DIR", None)
+    if bin_dir and bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")

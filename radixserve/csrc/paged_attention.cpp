@@ -1,0 +1,403 @@
+// Paged attention kernels: see paged_attention.h for layouts and the plan.
+//
+// The inner loops are vectorised across *queries*, not across keys or head_dim: an item's
+// queries for one KV head (rows x group heads) are packed eight to a vector, transposed once
+// ([head_dim] vectors of 8 lanes). A key then contributes to eight scores with head_dim
+// multiply-adds of a broadcast K element, and V is accumulated the same way into a
+// transposed output. So K/V rows are read straight from the pool, once per item, with no
+// gather, no transpose of K and no horizontal sums; the softmax is online (running max and
+// sum per lane). Written with the compiler's vector extensions, so it builds for any x86 or
+// ARM target and uses its widest float vectors up to 256 bits.
+#include "paged_attention.h"
+
+#include <ATen/Parallel.h>
+
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace radixserve {
+namespace {
+
+constexpr int64_t kLanes = 8;  // queries per vector
+constexpr int64_t kKeys = 8;   // keys per step
+constexpr int64_t kAhead = 32;  // keys between a prefetch and its use
+// "Nothing seen yet": finite, so that a lane with no visible key never computes inf - inf.
+constexpr float kNone = -1e30f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+typedef float f8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+
+inline float to_float(float x) { return x; }
+
+inline float to_float(uint16_t x) {
+  const uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline f8 splat(float x) { return f8{} + x; }
+
+inline f8 vmax(f8 a, f8 b) { return a > b ? a : b; }
+
+// An unaligned 8-float load from a K/V row.
+typedef float f8u __attribute__((vector_size(32), aligned(4), may_alias));
+inline f8 load8(const float* p) { return *reinterpret_cast<const f8u*>(p); }
+
+inline float hsum(f8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+// Lane j of the result: the sum of a[j]'s lanes.
+inline f8 hsum8(const f8* a) {
+#ifdef __AVX__
+  const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 lo = _mm256_hadd_ps(h01, h23), hi = _mm256_hadd_ps(h45, h67);
+  return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+#else
+  f8 s;
+  for (int j = 0; j < kKeys; ++j) s[j] = hsum(a[j]);
+  return s;
+#endif
+}
+
+inline float hmax(f8 v) {
+  return std::max(std::max(std::max(v[0], v[4]), std::max(v[1], v[5])),
+                  std::max(std::max(v[2], v[6]), std::max(v[3], v[7])));
+}
+
+// exp(x) for x <= 0, lane-wise: 2^(x log2 e) split into an integer power (built in the
+// exponent bits) and e^f, |f| <= ln2 / 2, by a degree-6 polynomial (relative error ~2e-7).
+// Arguments below -87 give ~1e-38 rather than 0; callers mask what must be exactly 0.
+inline f8 exp_nonpositive(f8 x) {
+  const f8 t = vmax(x, splat(-87.0f)) * 1.44269504088896341f;
+  const f8 n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
+  const f8 f = (t - n) * 0.693147180559945309f;
+  const f8 p =
+      1.0f +
+      f * (1.0f + f * (0.5f + f * (0.166666667f + f * (0.0416666667f +
+                                                          f * (0.00833333333f +
+                                                               f * 0.00138888889f)))));
+  const i8 bits = (__builtin_convertvector(n, i8) + 127) << 23;
+  f8 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+template <typename KV>
+struct Pools {
+  const KV* k;
+  const KV* v;
+  const int64_t* slots;
+  int64_t row_stride;  // kv_heads * head_dim
+};
+
+// Up to kKeys keys' rows of one KV head as float rows: `k[j]`, `v[j]`. Packed copies
+// ([kKeys][head_dim], one base address for the inner loops) when `packed` or the pool is
+// bfloat16; otherwise the pool's own rows. Missing keys read zeros.
+template <typename KV>
+struct KeyStep {
+  std::vector<f8> k_buf, v_buf;
+  const float* k[kKeys];
+  const float* v[kKeys];
+  bool packed;
+
+  KeyStep(int64_t D, bool pack)
+      : k_buf(kKeys * D / kLanes + 1), v_buf(kKeys * D / kLanes + 1),
+        packed(pack || !std::is_same_v<KV, float>) {}
+
+  float* k_base() { return reinterpret_cast<float*>(k_buf.data()); }
+  float* v_base() { return reinterpret_cast<float*>(v_buf.data()); }
+
+  void load(const Pools<KV>& pools, const int64_t* slots, int64_t n, int64_t head, int64_t D) {
+    for (int64_t j = 0; j < kKeys; ++j) {
+      float* kd = k_base() + j * D;
+      float* vd = v_base() + j * D;
+      k[j] = kd;
+      v[j] = vd;
+      if (j >= n) {
+        std::fill(kd, kd + D, 0.0f);
+        std::fill(vd, vd + D, 0.0f);
+        continue;
+      }
+      const KV* ks = pools.k + slots[j] * pools.row_stride + head * D;
+      const KV* vs = pools.v + slots[j] * pools.row_stride + head * D;
+      if constexpr (std::is_same_v<KV, float>) {
+        if (!packed) {
+          k[j] = ks;
+          v[j] = vs;
+          continue;
+        }
+      }
+      for (int64_t d = 0; d < D; ++d) {
+        kd[d] = to_float(ks[d]);
+        vd[d] = to_float(vs[d]);
+      }
+    }
+  }
+};
+
+template <typename KV>
+void prefetch_rows(const Pools<KV>& pools, const int64_t* slots, int64_t begin, int64_t end) {
+  for (int64_t j = begin; j < end; ++j) {
+    const char* kr = reinterpret_cast<const char*>(pools.k + slots[j] * pools.row_stride);
+    const char* vr = reinterpret_cast<const char*>(pools.v + slots[j] * pools.row_stride);
+    for (int64_t byte = 0; byte < pools.row_stride * int64_t(sizeof(KV)); byte += 64) {
+      __builtin_prefetch(kr + byte);
+      __builtin_prefetch(vr + byte);
+    }
+  }
+}
+
+// An item with at most kFewQueries queries per KV head (a decode row: one token's query
+// heads of a group). Vectors run along head_dim instead: a query's scores come from dot
+// products, eight keys' scores are softmaxed as one vector, and V accumulates along
+// head_dim, so no lane idles. Needs head_dim % 8 == 0.
+constexpr int64_t kFewQueries = 4;
+
+template <int64_t kD, typename KV>
+void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
+                  const AttentionPlan& plan, const AttentionShape& shape, float* part_o,
+                  float* part_m, float* part_l) {
+  const int64_t row0 = item[0], rows = item[1], key_start = item[2], num_keys = item[3];
+  const int64_t causal_offset = item[4];
+  const int64_t H = shape.heads, HKV = shape.kv_heads, G = H / HKV;
+  const int64_t D = kD ? kD : shape.head_dim;  // a constant for the common head sizes
+  const int64_t nq = rows * G, C = D / kLanes;
+  const int64_t* slots = pools.slots + key_start;
+
+  // Query (h, i), index h * nq + i: row i / G, query head h * G + i % G.
+  std::vector<f8> qv(HKV * nq * C), ov(HKV * nq * C);
+  std::vector<float> m(HKV * nq, kNone), l(HKV * nq, 0.0f);
+  std::vector<int64_t> visible(nq);
+  int64_t max_seen = 0;
+  for (int64_t i = 0; i < nq; ++i) {
+    visible[i] = std::clamp<int64_t>(causal_offset + i / G, 0, num_keys);
+    max_seen = std::max(max_seen, visible[i]);
+    for (int64_t h = 0; h < HKV; ++h) {
+      const float* src = q + (plan.q_index[row0 + i / G] * H + h * G + i % G) * D;
+      for (int64_t c = 0; c < C; ++c) {
+        qv[(h * nq + i) * C + c] = load8(src + c * kLanes) * shape.scale;
+        ov[(h * nq + i) * C + c] = f8{};
+      }
+    }
+  }
+
+  KeyStep<KV> step(D, false);
+  const f8 lane_index = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (int64_t t0 = 0; t0 < max_seen; t0 += kKeys) {
+    prefetch_rows(pools, slots, std::min(t0 + kAhead, max_seen),
+                  std::min(t0 + kAhead + kKeys, max_seen));
+    for (int64_t h = 0; h < HKV; ++h) {
+      step.load(pools, slots + t0, std::min(kKeys, max_seen - t0), h, D);
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t valid = visible[i] - t0;
+        if (valid <= 0) continue;
+        const int64_t qi = h * nq + i;
+        const f8* qr = qv.data() + qi * C;
+        f8 acc[kKeys] = {};
+        for (int64_t c = 0; c < C; ++c) {
+          const f8 qc = qr[c];
+          for (int64_t j = 0; j < kKeys; ++j) acc[j] += qc * load8(step.k[j] + c * kLanes);
+        }
+        f8 s = hsum8(acc);
+        const auto live = lane_index < static_cast<float>(valid);
+        s = live ? s : splat(kNone);
+        const float mx = std::max(m[qi], hmax(s));
+        const f8 p = live ? exp_nonpositive(s - mx) : f8{};
+        const float correction = exp_nonpositive(splat(m[qi] - mx))[0];
+        m[qi] = mx;
+        l[qi] = l[qi] * correction + hsum(p);
+        f8* o = ov.data() + qi * C;
+        for (int64_t c = 0; c < C; ++c) {
+          f8 acc = o[c] * correction;
+          for (int64_t j = 0; j < kKeys; ++j) acc += p[j] * load8(step.v[j] + c * kLanes);
+          o[c] = acc;
+        }
+      }
+    }
+  }
+
+  for (int64_t h = 0; h < HKV; ++h) {
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t qi = h * nq + i, row = row0 + i / G, hq = h * G + i % G;
+      std::memcpy(part_o + (row * H + hq) * D, ov.data() + qi * C, D * sizeof(float));
+      part_m[row * H + hq] = m[qi];
+      part_l[row * H + hq] = l[qi];
+    }
+  }
+}
+
+// One item: a softmax state per (row, head) in (part_o, part_m, part_l), over its keys.
+template <int64_t kD, typename KV>
+void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
+              const AttentionPlan& plan, const AttentionShape& shape, float* part_o,
+              float* part_m, float* part_l) {
+  const int64_t row0 = item[0], rows = item[1], key_start = item[2], num_keys = item[3];
+  const int64_t causal_offset = item[4];
+  const int64_t H = shape.heads, HKV = shape.kv_heads, G = H / HKV;
+  const int64_t D = kD ? kD : shape.head_dim;  // a constant for the common head sizes
+  const int64_t nq = rows * G, nvec = (nq + kLanes - 1) / kLanes;
+  const int64_t* slots = pools.slots + key_start;
+
+  // Vector (h, vec), index h * nvec + vec, holds queries i = vec * 8 + lane of KV head h:
+  // row i / G, query head h * G + i % G.
+  std::vector<f8> qt(HKV * nvec * D), ot(HKV * nvec * D), m(HKV * nvec), l(HKV * nvec),
+      seen(HKV * nvec);
+  std::vector<int64_t> seen_max(HKV * nvec);
+  int64_t max_seen = 0;
+  for (int64_t h = 0; h < HKV; ++h) {
+    for (int64_t vec = 0; vec < nvec; ++vec) {
+      const int64_t hv = h * nvec + vec;
+      f8 vis = {};
+      int64_t vis_max = 0;
+      for (int64_t lane = 0; lane < kLanes; ++lane) {
+        const int64_t i = vec * kLanes + lane;
+        int64_t visible = 0;
+        const float* src = nullptr;
+        if (i < nq) {
+          visible = std::clamp<int64_t>(causal_offset + i / G, 0, num_keys);
+          src = q + (plan.q_index[row0 + i / G] * H + h * G + i % G) * D;
+        }
+        for (int64_t d = 0; d < D; ++d) qt[hv * D + d][lane] = src ? src[d] * shape.scale : 0;
+        vis[lane] = static_cast<float>(visible);
+        vis_max = std::max(vis_max, visible);
+      }
+      seen[hv] = vis;
+      seen_max[hv] = vis_max;
+      max_seen = std::max(max_seen, vis_max);
+      m[hv] = splat(kNone);
+      l[hv] = f8{};
+      for (int64_t d = 0; d < D; ++d) ot[hv * D + d] = f8{};
+    }
+  }
+
+  // Keys step by step, every KV head of a slot in turn: a slot's row is one contiguous read
+  // (and a page of slots a contiguous block), with the next step's rows prefetched.
+  KeyStep<KV> step(D, true);
+  const float* kb = step.k_base();
+  const float* vb = step.v_base();
+  for (int64_t t0 = 0; t0 < max_seen; t0 += kKeys) {
+    prefetch_rows(pools, slots, std::min(t0 + kAhead, max_seen),
+                  std::min(t0 + kAhead + kKeys, max_seen));
+    for (int64_t h = 0; h < HKV; ++h) {
+      step.load(pools, slots + t0, std::min(kKeys, max_seen - t0), h, D);
+      for (int64_t vec = 0; vec < nvec; ++vec) {
+        const int64_t hv = h * nvec + vec;
+        if (seen_max[hv] <= t0) continue;
+        const f8* qv = qt.data() + hv * D;
+        f8 s[kKeys] = {};
+        for (int64_t d = 0; d < D; ++d) {
+          const f8 qd = qv[d];
+          for (int64_t j = 0; j < kKeys; ++j) s[j] += qd * kb[j * D + d];
+        }
+        f8 mx = m[hv];
+        for (int64_t j = 0; j < kKeys; ++j) {
+          s[j] = seen[hv] > static_cast<float>(t0 + j) ? s[j] : splat(kNone);
+          mx = vmax(mx, s[j]);
+        }
+        const f8 correction = exp_nonpositive(m[hv] - mx);
+        f8 p[kKeys];
+        f8 sum = {};
+        for (int64_t j = 0; j < kKeys; ++j) {
+          p[j] = seen[hv] > static_cast<float>(t0 + j) ? exp_nonpositive(s[j] - mx) : f8{};
+          sum += p[j];
+        }
+        m[hv] = mx;
+        l[hv] = l[hv] * correction + sum;
+        f8* ov = ot.data() + hv * D;
+        for (int64_t d = 0; d < D; ++d) {
+          f8 acc = ov[d] * correction;
+          for (int64_t j = 0; j < kKeys; ++j) acc += p[j] * vb[j * D + d];
+          ov[d] = acc;
+        }
+      }
+    }
+  }
+
+  for (int64_t h = 0; h < HKV; ++h) {
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t hv = h * nvec + i / kLanes, lane = i % kLanes;
+      const int64_t row = row0 + i / G, hq = h * G + i % G;
+      float* dst = part_o + (row * H + hq) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = ot[hv * D + d][lane];
+      part_m[row * H + hq] = m[hv][lane];
+      part_l[row * H + hq] = l[hv][lane];
+    }
+  }
+}
+
+// Combine every row of a token, per head, by log-sum-exp.
+void merge_token(int64_t token, const AttentionPlan& plan, const AttentionShape& shape,
+                 const float* part_o, const float* part_m, const float* part_l, float* out,
+                 float* lse) {
+  const int64_t H = shape.heads, D = shape.head_dim;
+  const int64_t begin = plan.merge_indptr[token], end = plan.merge_indptr[token + 1];
+  for (int64_t h = 0; h < H; ++h) {
+    float mx = kNegInf;
+    for (int64_t i = begin; i < end; ++i) mx = std::max(mx, part_m[plan.merge_rows[i] * H + h]);
+    float* ov = out + (token * H + h) * D;
+    std::fill(ov, ov + D, 0.0f);
+    float total = 0.0f;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t row = plan.merge_rows[i];
+      const float l = part_l[row * H + h];
+      if (l == 0.0f) continue;
+      const float w = std::exp(part_m[row * H + h] - mx);
+      total += l * w;
+      const float* src = part_o + (row * H + h) * D;
+      for (int64_t d = 0; d < D; ++d) ov[d] += w * src[d];
+    }
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int64_t d = 0; d < D; ++d) ov[d] *= inv;
+    lse[token * H + h] = total > 0.0f ? mx + std::log(total) : kNegInf;
+  }
+}
+
+}  // namespace
+
+template <typename KV>
+void paged_attention(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* kv_slots,
+                     const AttentionPlan& plan, const AttentionShape& shape, float* out,
+                     float* lse) {
+  const int64_t H = shape.heads, D = shape.head_dim;
+  std::vector<float> part_o(plan.num_rows * H * D), part_m(plan.num_rows * H),
+      part_l(plan.num_rows * H);
+  const Pools<KV> pools{k_pool, v_pool, kv_slots, shape.kv_heads * D};
+  at::parallel_for(0, plan.num_items, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t* item = plan.items + i * kItemFields;
+      const bool few = item[1] * (shape.heads / shape.kv_heads) <= kFewQueries &&
+                       shape.head_dim % kLanes == 0;
+      auto run = few ? (shape.head_dim == 64    ? run_item_few<64, KV>
+                        : shape.head_dim == 128 ? run_item_few<128, KV>
+                                                : run_item_few<0, KV>)
+                     : (shape.head_dim == 64    ? run_item<64, KV>
+                        : shape.head_dim == 128 ? run_item<128, KV>
+                                                : run_item<0, KV>);
+      run(q, pools, item, plan, shape, part_o.data(), part_m.data(), part_l.data());
+    }
+  });
+  at::parallel_for(0, plan.num_tokens, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      merge_token(t, plan, shape, part_o.data(), part_m.data(), part_l.data(), out, lse);
+    }
+  });
+}
+
+template void paged_attention<float>(const float*, const float*, const float*, const int64_t*,
+                                     const AttentionPlan&, const AttentionShape&, float*, float*);
+template void paged_attention<uint16_t>(const float*, const uint16_t*, const uint16_t*,
+                                        const int64_t*, const AttentionPlan&,
+                                        const AttentionShape&, float*, float*);
+
+}  // namespace radixserve

@@ -1,0 +1,85 @@
+"""Cascade (shared-prefix) attention in the native kernel: requests grouped over their common
+slots must get what they get attended one by one, and the plan refuses false groups."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixserve.attention import ExtendRequest, ForwardBatch, NativeAttentionBackend, PrefixGroup
+from radixserve.attention.attention_plan import plan_attention
+from radixserve.csrc import native_available
+from radixserve.memory.kv_pool import KVPool
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="native kernels did not build")
+
+
+def grouped_batch(rng, shared_lens, members, private, extend):
+    """Requests over random slots; group g's members start with the same shared_lens[g]
+    slots. Returns the requests and the groups."""
+    free = iter(rng.permutation(8192))
+    take = lambda n: np.fromiter((next(free) for _ in range(n)), dtype=np.int64, count=n)  # noqa: E731
+    requests, groups = [], []
+    for shared_len, count in zip(shared_lens, members, strict=True):
+        shared = take(shared_len)
+        first = len(requests)
+        for _ in range(count):
+            n = int(rng.integers(0, private + 1)) + extend
+            requests.append(ExtendRequest([0] * extend, np.concatenate([shared, take(n)])))
+        groups.append(PrefixGroup(shared_len, tuple(range(first, first + count))))
+    requests.append(ExtendRequest([0] * extend, take(int(rng.integers(1, 300)) + extend)))
+    return requests, groups
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shared_lens=st.lists(st.integers(1, 1200), min_size=1, max_size=3),
+    members=st.integers(2, 5),
+    private=st.integers(0, 100),
+    extend=st.sampled_from([1, 1, 3]),
+    kv_heads=st.sampled_from([1, 3]),
+    group=st.sampled_from([1, 3]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_cascade_equals_plain(shared_lens, members, private, extend, kv_heads, group, dtype, seed):
+    rng = np.random.default_rng(seed)
+    requests, groups = grouped_batch(
+        rng, shared_lens, [members] * len(shared_lens), private, extend
+    )
+    heads, head_dim = kv_heads * group, 64
+    pool = KVPool(1, 8192, 1, kv_heads, head_dim, dtype)
+    pool.k[0].normal_()
+    pool.v[0].normal_()
+    backend = NativeAttentionBackend(pool, heads, kv_heads, head_dim, head_dim**-0.5)
+    n = sum(len(r.new_ids) for r in requests)
+    q = torch.randn(n, heads, head_dim).to(dtype)
+    plain = ForwardBatch.create(requests, 1)
+    cascade = ForwardBatch.create(requests, 1, prefix_groups=groups)
+    outs = []
+    for batch in (plain, cascade):
+        backend.prepare(batch)
+        outs.append(backend.attend(0, q, batch.kv_slots, batch.attn_metadata))
+    (o1, lse1), (o2, lse2) = outs
+    assert cascade.attn_metadata.num_rows > 0
+    torch.testing.assert_close(o2, o1, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(lse2, lse1, atol=2e-5, rtol=1e-5)
+
+
+def test_plan_refuses_false_groups():
+    rng = np.random.default_rng(0)
+    requests, groups = grouped_batch(rng, [64], [3], 10, 1)
+    slots = np.concatenate([r.context_slots for r in requests])
+    seq = [r.seq_len for r in requests]
+    ext = [1] * len(requests)
+    plan_attention(seq, ext, slots, groups)  # the true group is accepted
+    last = len(requests) - 1  # the ungrouped request has other slots
+    with pytest.raises(ValueError, match="does not share"):
+        plan_attention(seq, ext, slots, [PrefixGroup(64, (0, last))])
+    with pytest.raises(ValueError, match="cached for every member"):
+        plan_attention(seq, ext, slots, [PrefixGroup(10_000, (0, 1))])
+    with pytest.raises(ValueError, match="at most one"):
+        plan_attention(seq, ext, slots, [PrefixGroup(8, (0, 1)), PrefixGroup(8, (1, 2))])
+    with pytest.raises(ValueError, match=">= 2 members"):
+        plan_attention(seq, ext, slots, [PrefixGroup(8, (0,))])
