@@ -47,9 +47,9 @@ class RadixCache(BasePrefixCache):
         self.page_size = page_size
         self.allocator = allocator
         self._page_bytes = page_size * TOKEN_BYTES
-        native = load_native() if native_matcher else None
-        # (key, pos, edge, unit) -> bytes of key[pos:] agreeing with edge, in whole units
-        self._native_matching = native.matching_prefix if native is not None else None
+        # The native twin of _matching_bytes (tested against it), if built. A native _walk
+        # did not pay: it is a few dict lookups and one memcmp per edge already.
+        self._native = load_native() if native_matcher else None
         self._clear()
 
     # ---- queries -------------------------------------------------------------------------
@@ -284,8 +284,8 @@ class RadixCache(BasePrefixCache):
         known to match. Natively one scan; else a binary search over pages, each probe one
         ``memcmp`` (the reference the native scan is tested against)."""
         pb = self._page_bytes
-        if self._native_matching is not None:
-            return self._native_matching(key, pos, edge, pb)
+        if self._native is not None:
+            return self._native.matching_prefix(key, pos, edge, pb)
         lo, hi = 1, min(len(edge), end - pos) // pb
         while lo < hi:
             mid = (lo + hi + 1) // 2
