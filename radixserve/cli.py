@@ -96,6 +96,73 @@ def _bench_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_kernels(args: argparse.Namespace) -> int:
+    from radixserve.bench.kernel_bench import KernelBenchConfig, num_steps, run_kernel_bench
+    from radixserve.bench.report import print_table, with_progress, write_json
+    from radixserve.csrc import native_available
+
+    if not native_available():
+        print("the native kernels could not be built (see the log above)", file=sys.stderr)
+        return 1
+    cfg = KernelBenchConfig(preset=args.model, dtypes=tuple(args.dtypes), reps=args.reps)
+    if args.quick:
+        cfg = KernelBenchConfig(
+            preset=args.model,
+            dtypes=tuple(args.dtypes),
+            batches=(1, 4),
+            contexts=(64, 600),
+            extends=((2, 40, 24),),
+            cascade_batch=4,
+            cascade_prefix=300,
+            cascade_suffix=8,
+            matcher_tree_tokens=20_000,
+            matcher_hit=1024,
+            reps=1,
+        )
+    out = with_progress("bench kernels", num_steps(cfg), lambda step: run_kernel_bench(cfg, step))
+    attention = [r for r in out["rows"] if r["kernel"] != "matcher"]
+    print_table(
+        f"attention, one layer of {cfg.preset}; copy bandwidth {out['bandwidth_gb_s']:.1f} GB/s",
+        attention,
+        [
+            ("kernel", "kernel"),
+            ("dtype", "dtype"),
+            ("case", "batch x context"),
+            ("torch_ms", "torch ms"),
+            ("plain_ms", "plain native ms"),
+            ("native_ms", "native ms"),
+            ("speedup", "speedup"),
+            ("limit_ms", "bandwidth limit ms"),
+            ("of_limit", "x limit"),
+        ],
+    )
+    print_table(
+        "radix tree walk, p50 µs",
+        [r for r in out["rows"] if r["kernel"] == "matcher"],
+        [
+            ("case", "case"),
+            ("python_walk_us", "Python walk"),
+            ("native_walk_us", "with native scan"),
+            ("match_prefix_us", "whole match_prefix"),
+        ],
+    )
+    print_table(
+        "targets",
+        out["targets"],
+        [("target", "target"), ("value", "value"), ("goal", "goal"), ("met", "met")],
+    )
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), **out})
+    if args.plot:
+        try:
+            from radixserve.bench.plots import plot_kernel_bench
+        except ImportError:
+            print("plotting needs matplotlib: pip install 'radixserve[bench]'", file=sys.stderr)
+            return 1
+        plot_kernel_bench(attention, args.plot)
+    return 0
+
+
 def _bench_serve(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
@@ -395,6 +462,14 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--quick", action="store_true", help="small shapes, for smoke tests")
     model.add_argument("--json", help="write the rows to this file")
     model.set_defaults(func=_bench_model)
+    kernels = bench.add_parser("kernels", help="native attention and matcher vs references")
+    kernels.add_argument("--model", default="bench-135m", help="a preset (for its shapes)")
+    kernels.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    kernels.add_argument("--reps", type=int, default=5)
+    kernels.add_argument("--quick", action="store_true", help="small shapes, for smoke tests")
+    kernels.add_argument("--json", help="write the rows to this file")
+    kernels.add_argument("--plot", help="write a PNG chart to this file")
+    kernels.set_defaults(func=_bench_kernels)
     load = bench.add_parser("serve", help="a load check of the HTTP server over loopback")
     load.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
     load.add_argument("--requests", type=int, default=128)

@@ -79,3 +79,39 @@ def plot_serving_bench(rows: Sequence[dict], sweep: Sequence[dict], path: str | 
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_kernel_bench(rows: Sequence[dict], path: str | Path) -> None:
+    """Decode time against context length, torch and native beside the bandwidth limit,
+    one panel per dtype and batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    decode = [r for r in rows if r["kernel"] == "decode"]
+    dtypes = list(dict.fromkeys(r["dtype"] for r in decode))
+    batches = list(dict.fromkeys(int(r["case"].split(" x ")[0]) for r in decode))
+    fig, axes = plt.subplots(
+        len(dtypes), len(batches), figsize=(4.5 * len(batches), 3.5 * len(dtypes)), squeeze=False
+    )
+    for row_axes, dtype in zip(axes, dtypes, strict=True):
+        for ax, batch in zip(row_axes, batches, strict=True):
+            line = [r for r in decode if r["dtype"] == dtype and r["case"].startswith(f"{batch} x")]
+            contexts = [int(r["case"].split(" x ")[1]) for r in line]
+            for key, label in (
+                ("torch_ms", "torch"),
+                ("native_ms", "native"),
+                ("limit_ms", "bandwidth limit"),
+            ):
+                ax.plot(contexts, [r[key] for r in line], marker="o", label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("context tokens")
+            ax.set_ylabel("ms per layer")
+            ax.set_title(f"decode, batch {batch}, {dtype}")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

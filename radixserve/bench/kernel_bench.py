@@ -1,0 +1,287 @@
+"""``radixserve bench kernels``: the native kernels against their references and against the
+machine's memory bandwidth.
+
+One attention layer of a model's shape (bench-135m: 9 query heads, 3 KV heads, head dim 64)
+over a KV pool whose pages are scattered at random, as a long-running server's are. Each
+case times the torch reference and the native kernel alternately, call by call, and keeps
+the medians. The bandwidth limit of a case is the K/V bytes it must read divided by the copy
+bandwidth measured in the same run (source bytes copied per second, a 256 MiB tensor).
+The tree's edge matcher is timed on a ~10^6-token tree with and without the native scan.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from radixserve.attention import (
+    ExtendRequest,
+    ForwardBatch,
+    NativeAttentionBackend,
+    PrefixGroup,
+    TorchAttentionBackend,
+)
+from radixserve.cache.tokens import encode_tokens
+from radixserve.memory.kv_pool import KVPool
+from radixserve.model.presets import preset_hf_config
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+TARGETS = {"decode": 3.0, "decode_of_limit": 1.5, "cascade": 5.0, "matcher_us": 5.0}
+
+
+@dataclass(frozen=True)
+class KernelBenchConfig:
+    preset: str = "bench-135m"
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    batches: tuple[int, ...] = (1, 8, 32)
+    contexts: tuple[int, ...] = (512, 2048, 8192)
+    extends: tuple[tuple[int, int, int], ...] = ((1, 0, 512), (4, 1024, 128), (8, 2048, 32))
+    cascade_batch: int = 32
+    cascade_prefix: int = 2048
+    cascade_suffix: int = 64
+    matcher_tree_tokens: int = 1_000_000
+    matcher_hit: int = 4096
+    page_size: int = 16
+    reps: int = 5
+    seed: int = 0
+
+
+def num_steps(cfg: KernelBenchConfig) -> int:
+    attention = len(cfg.batches) * len(cfg.contexts) + len(cfg.extends) + 1
+    return 1 + attention * len(cfg.dtypes) + 1
+
+
+def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dict:
+    hf = preset_hf_config(cfg.preset)
+    heads, kv_heads = hf.num_attention_heads, hf.num_key_value_heads
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    bandwidth = copy_bandwidth()
+    step("copy bandwidth")
+    rows = []
+    for dtype in cfg.dtypes:
+        shape = _Shape(heads, kv_heads, head_dim, _DTYPES[dtype], cfg.page_size)
+        for batch in cfg.batches:
+            for context in cfg.contexts:
+                rows.append(shape.decode(batch, context, bandwidth, cfg))
+                step(f"decode {dtype} {batch}x{context}")
+        for batch, prefix, new in cfg.extends:
+            rows.append(shape.extend(batch, prefix, new, bandwidth, cfg))
+            step(f"extend {dtype} {batch}x({prefix}+{new})")
+        rows.append(shape.cascade(bandwidth, cfg))
+        step(f"cascade {dtype}")
+    rows += matcher_rows(cfg)
+    step("matcher")
+    return {"bandwidth_gb_s": bandwidth / 1e9, "rows": rows, "targets": check_targets(rows)}
+
+
+def copy_bandwidth(mib: int = 256, reps: int = 5) -> float:
+    """Source bytes copied per second by torch (all threads), best of ``reps``."""
+    src = torch.randn(mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    best = min(_time(lambda: dst.copy_(src)) for _ in range(reps))
+    return src.numel() * 4 / best
+
+
+@dataclass(frozen=True)
+class _Shape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    page: int
+
+    def pool(self, slots: int, rng: np.random.Generator) -> tuple[KVPool, np.ndarray]:
+        """A pool of random K/V and its pages in random order (slot runs of one page)."""
+        pages = -(-slots // self.page) + 1
+        pool = KVPool(1, pages * self.page, self.page, self.kv_heads, self.head_dim, self.dtype)
+        pool.k[0].normal_()
+        pool.v[0].normal_()
+        order = rng.permutation(pages)
+        return pool, (order[:, None] * self.page + np.arange(self.page)).reshape(-1)
+
+    def backends(self, pool: KVPool):
+        args = (pool, self.heads, self.kv_heads, self.head_dim, self.head_dim**-0.5)
+        return TorchAttentionBackend(*args), NativeAttentionBackend(*args)
+
+    def kv_bytes(self, tokens: int) -> int:
+        return 2 * tokens * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+    def decode(self, batch: int, context: int, bandwidth: float, cfg) -> dict:
+        rng = np.random.default_rng(cfg.seed)
+        pool, slots = self.pool(batch * context, rng)
+        reqs = [ExtendRequest([0], slots[b * context : (b + 1) * context]) for b in range(batch)]
+        times = self._compare(pool, reqs, cfg.reps)
+        limit = self.kv_bytes(batch * context) / bandwidth
+        return self._row("decode", f"{batch} x {context}", times, limit)
+
+    def extend(self, batch: int, prefix: int, new: int, bandwidth: float, cfg) -> dict:
+        rng = np.random.default_rng(cfg.seed)
+        seq = prefix + new
+        pool, slots = self.pool(batch * seq, rng)
+        reqs = [ExtendRequest([0] * new, slots[b * seq : (b + 1) * seq]) for b in range(batch)]
+        times = self._compare(pool, reqs, cfg.reps)
+        limit = self.kv_bytes(batch * seq) / bandwidth
+        return self._row("extend", f"{batch} x ({prefix} cached + {new} new)", times, limit)
+
+    def cascade(self, bandwidth: float, cfg) -> dict:
+        """Decode for requests sharing a prefix: the native kernel plain (each request reads
+        the prefix) against the same kernel given the group (the prefix read once)."""
+        rng = np.random.default_rng(cfg.seed)
+        b, n, s = cfg.cascade_batch, cfg.cascade_prefix, cfg.cascade_suffix
+        pool, slots = self.pool(n + b * s, rng)
+        shared = slots[:n]
+        reqs = [
+            ExtendRequest([0], np.concatenate([shared, slots[n + i * s : n + (i + 1) * s]]))
+            for i in range(b)
+        ]
+        plain = ForwardBatch.create(reqs, self.page)
+        grouped = ForwardBatch.create(
+            reqs, self.page, prefix_groups=[PrefixGroup(n, tuple(range(b)))]
+        )
+        native = self.backends(pool)[1]
+        q = torch.randn(b, self.heads, self.head_dim).to(self.dtype)
+        kv = torch.randn(b, self.kv_heads, self.head_dim).to(self.dtype)
+        calls = {
+            "plain": _forward(native, plain, q, kv),
+            "cascade": _forward(native, grouped, q, kv),
+        }
+        times = _alternate(calls, cfg.reps)
+        limit = self.kv_bytes(n + b * s) / bandwidth
+        row = self._row("cascade", f"{b} x ({n} shared + {s})", {}, limit)
+        return {
+            **row,
+            "plain_ms": times["plain"] * 1e3,
+            "native_ms": times["cascade"] * 1e3,
+            "speedup": times["plain"] / times["cascade"],
+            "of_limit": times["cascade"] / limit,
+        }
+
+    def _compare(self, pool: KVPool, reqs: list[ExtendRequest], reps: int) -> dict[str, float]:
+        n = sum(len(r.new_ids) for r in reqs)
+        q = torch.randn(n, self.heads, self.head_dim).to(self.dtype)
+        kv = torch.randn(n, self.kv_heads, self.head_dim).to(self.dtype)
+        calls = {
+            name: _forward(backend, ForwardBatch.create(reqs, self.page), q, kv)
+            for name, backend in zip(("torch", "native"), self.backends(pool), strict=True)
+        }
+        return _alternate(calls, reps)
+
+    def _row(self, kernel: str, case: str, times: dict[str, float], limit: float) -> dict:
+        row = {
+            "kernel": kernel,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "case": case,
+            "limit_ms": limit * 1e3,
+        }
+        if times:
+            row |= {
+                "torch_ms": times["torch"] * 1e3,
+                "native_ms": times["native"] * 1e3,
+                "speedup": times["torch"] / times["native"],
+                "of_limit": times["native"] / limit,
+            }
+        return row
+
+
+def _forward(backend, batch: ForwardBatch, q, kv) -> Callable[[], object]:
+    backend.prepare(batch)  # once: every layer of a forward reuses the plan
+    return lambda: backend.forward(0, q, kv, kv, batch)
+
+
+def _alternate(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    for call in calls.values():
+        call()  # warm up
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(reps):
+        for name, call in calls.items():
+            times[name].append(_time(call))
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def _time(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def matcher_rows(cfg: KernelBenchConfig) -> list[dict]:
+    """The radix tree's walk for a full ``matcher_hit``-token hit and for a query leaving a
+    long edge halfway (where the native first-mismatch scan replaces a binary search of
+    memcmps), with and without the native scan; p50 over 1,000 walks."""
+    from radixserve.bench.cache_bench import TreeShape, _unseen_tokens, build_tree
+
+    shape = TreeShape.for_sizes(cfg.matcher_tree_tokens, cfg.matcher_hit)
+    rng = np.random.default_rng(cfg.seed)
+    cache, first_turns = build_tree(shape, cfg.page_size, rng)
+    picks = rng.integers(0, len(first_turns), 1000)
+    hits = [np.concatenate([first_turns[i], _unseen_tokens(rng, 64)]) for i in picks]
+    partial = []
+    for q in hits:
+        q = q.copy()
+        q[shape.prompt_len // 2 :] = _unseen_tokens(rng, len(q) - shape.prompt_len // 2)
+        partial.append(q)
+    native = cache._native
+    rows = []
+    for case, queries in (("full hit", hits), ("leaves an edge halfway", partial)):
+        keys = [encode_tokens(q) for q in queries]
+        p50 = {}
+        for name, impl in (("python", None), ("native", native)):
+            cache._native = impl
+            p50[name] = _p50_us([lambda k=k: cache._walk(k, None) for k in keys])
+        cache._native = native
+        full = _p50_us([lambda q=q: cache.match_prefix(q) for q in queries])
+        rows.append(
+            {
+                "kernel": "matcher",
+                "case": f"{case}, {shape.tree_tokens:,}-token tree",
+                "python_walk_us": p50["python"],
+                "native_walk_us": p50["native"] if native is not None else None,
+                "match_prefix_us": full,
+            }
+        )
+    return rows
+
+
+def _p50_us(calls: list[Callable[[], object]]) -> float:
+    gc.disable()
+    try:
+        times = [_time(call) for call in calls]
+    finally:
+        gc.enable()
+    return float(np.median(times) * 1e6)
+
+
+def check_targets(rows: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        if r["kernel"] == "decode" and r["case"] == "32 x 2048":
+            out.append(_target(f"decode {r['dtype']} 32x2k vs torch", r["speedup"], "decode"))
+            out.append(
+                _target(
+                    f"decode {r['dtype']} 32x2k time / bandwidth limit",
+                    r["of_limit"],
+                    "decode_of_limit",
+                    below=True,
+                )
+            )
+        if r["kernel"] == "cascade":
+            out.append(_target(f"cascade {r['dtype']} vs plain native", r["speedup"], "cascade"))
+        if r["kernel"] == "matcher" and r["case"].startswith("full hit"):
+            walk = r["native_walk_us"] or r["python_walk_us"]
+            out.append(_target("4k-token walk p50 µs", walk, "matcher_us", below=True))
+    return out
+
+
+def _target(name: str, value: float, key: str, below: bool = False) -> dict:
+    target = TARGETS[key]
+    return {
+        "target": name,
+        "value": value,
+        "goal": f"<= {target}" if below else f">= {target}",
+        "met": value <= target if below else value >= target,
+    }
