@@ -60,8 +60,11 @@ class _Builder:
             block = tokens[q0 : q0 + self.query_block]
             offset = causal_offset + q0
             seen = min(num_keys, offset + len(block) - 1)
-            for c in range(0, seen, self.key_chunk):
-                n = min(self.key_chunk, num_keys - c)
+            if seen <= 0:
+                continue
+            chunk = -(-seen // -(-seen // self.key_chunk))  # equal chunks of <= key_chunk
+            for c in range(0, seen, chunk):
+                n = min(chunk, num_keys - c)
                 self.items.append((self.num_rows, len(block), key_start + c, n, offset - c))
                 self.rows.append(block)
                 self.num_rows += len(block)

@@ -166,6 +166,38 @@ SECTIONS = (
         image="bench_cache.png",
     ),
     Section(
+        "kernels",
+        "Native kernels — `radixserve bench kernels`",
+        "radixserve bench kernels --json docs/bench_kernels.json --plot docs/bench_kernels.png",
+        (
+            ("kernel", "kernel", _plain),
+            ("dtype", "dtype", _plain),
+            ("case", "batch x context", _plain),
+            ("torch_ms", "torch ms", _num(2)),
+            ("plain_ms", "plain native ms", _num(2)),
+            ("native_ms", "native ms", _num(2)),
+            ("speedup", "speedup", _times),
+            ("limit_ms", "bandwidth limit ms", _num(2)),
+            ("of_limit", "x limit", _num(2)),
+            ("python_walk_us", "Python walk µs", _num(1)),
+            ("native_walk_us", "with native scan µs", _num(1)),
+            ("match_prefix_us", "match_prefix µs", _num(1)),
+        ),
+        image="bench_kernels.png",
+        extra=(
+            (
+                "targets",
+                "Against the targets",
+                (
+                    ("target", "target", _plain),
+                    ("value", "measured", _num(2)),
+                    ("goal", "goal", _plain),
+                    ("met", "met", _plain),
+                ),
+            ),
+        ),
+    ),
+    Section(
         "model",
         "Model forward — `radixserve bench model`",
         "radixserve bench model --json docs/bench_model.json",

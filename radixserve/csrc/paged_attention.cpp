@@ -17,6 +17,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -237,6 +238,55 @@ void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
   }
 }
 
+// One step of kKeys packed keys ([kKeys][D] K and V) for NV adjacent query vectors (their
+// transposed queries and outputs D vectors apart). Each broadcast K or V element feeds NV
+// multiply-adds, and keys go four at a time, so the accumulators stay in registers.
+template <int NV>
+inline void attend_step(const f8* qv, f8* ov, f8* m, f8* l, const f8* seen, const float* kb,
+                        const float* vb, int64_t t0, int64_t D) {
+  f8 s[NV][kKeys];
+  for (int64_t j0 = 0; j0 < kKeys; j0 += 4) {
+    f8 acc[NV][4] = {};
+    for (int64_t d = 0; d < D; ++d) {
+      f8 qd[NV];
+      for (int n = 0; n < NV; ++n) qd[n] = qv[n * D + d];
+      for (int64_t j = 0; j < 4; ++j) {
+        const float kd = kb[(j0 + j) * D + d];
+        for (int n = 0; n < NV; ++n) acc[n][j] += qd[n] * kd;
+      }
+    }
+    for (int n = 0; n < NV; ++n)
+      for (int64_t j = 0; j < 4; ++j) s[n][j0 + j] = acc[n][j];
+  }
+  f8 p[NV][kKeys], correction[NV];
+  for (int n = 0; n < NV; ++n) {
+    f8 mx = m[n];
+    for (int64_t j = 0; j < kKeys; ++j) {
+      s[n][j] = seen[n] > static_cast<float>(t0 + j) ? s[n][j] : splat(kNone);
+      mx = vmax(mx, s[n][j]);
+    }
+    correction[n] = exp_nonpositive(m[n] - mx);
+    f8 sum = {};
+    for (int64_t j = 0; j < kKeys; ++j) {
+      p[n][j] = seen[n] > static_cast<float>(t0 + j) ? exp_nonpositive(s[n][j] - mx) : f8{};
+      sum += p[n][j];
+    }
+    m[n] = mx;
+    l[n] = l[n] * correction[n] + sum;
+  }
+  for (int64_t j0 = 0; j0 < kKeys; j0 += 4) {
+    for (int64_t d = 0; d < D; ++d) {
+      f8 acc[NV];
+      for (int n = 0; n < NV; ++n) acc[n] = j0 == 0 ? ov[n * D + d] * correction[n] : ov[n * D + d];
+      for (int64_t j = 0; j < 4; ++j) {
+        const float vd = vb[(j0 + j) * D + d];
+        for (int n = 0; n < NV; ++n) acc[n] += p[n][j0 + j] * vd;
+      }
+      for (int n = 0; n < NV; ++n) ov[n * D + d] = acc[n];
+    }
+  }
+}
+
 // One item: a softmax state per (row, head) in (part_o, part_m, part_l), over its keys.
 template <int64_t kD, typename KV>
 void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
@@ -291,34 +341,17 @@ void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
                   std::min(t0 + kAhead + kKeys, max_seen));
     for (int64_t h = 0; h < HKV; ++h) {
       step.load(pools, slots + t0, std::min(kKeys, max_seen - t0), h, D);
-      for (int64_t vec = 0; vec < nvec; ++vec) {
+      for (int64_t vec = 0; vec < nvec; vec += 2) {
         const int64_t hv = h * nvec + vec;
-        if (seen_max[hv] <= t0) continue;
-        const f8* qv = qt.data() + hv * D;
-        f8 s[kKeys] = {};
-        for (int64_t d = 0; d < D; ++d) {
-          const f8 qd = qv[d];
-          for (int64_t j = 0; j < kKeys; ++j) s[j] += qd * kb[j * D + d];
-        }
-        f8 mx = m[hv];
-        for (int64_t j = 0; j < kKeys; ++j) {
-          s[j] = seen[hv] > static_cast<float>(t0 + j) ? s[j] : splat(kNone);
-          mx = vmax(mx, s[j]);
-        }
-        const f8 correction = exp_nonpositive(m[hv] - mx);
-        f8 p[kKeys];
-        f8 sum = {};
-        for (int64_t j = 0; j < kKeys; ++j) {
-          p[j] = seen[hv] > static_cast<float>(t0 + j) ? exp_nonpositive(s[j] - mx) : f8{};
-          sum += p[j];
-        }
-        m[hv] = mx;
-        l[hv] = l[hv] * correction + sum;
-        f8* ov = ot.data() + hv * D;
-        for (int64_t d = 0; d < D; ++d) {
-          f8 acc = ov[d] * correction;
-          for (int64_t j = 0; j < kKeys; ++j) acc += p[j] * vb[j * D + d];
-          ov[d] = acc;
+        const bool first = seen_max[hv] > t0;
+        const bool second = vec + 1 < nvec && seen_max[hv + 1] > t0;
+        const int64_t one = first ? hv : hv + 1;
+        if (first && second) {
+          attend_step<2>(qt.data() + hv * D, ot.data() + hv * D, &m[hv], &l[hv], &seen[hv], kb,
+                         vb, t0, D);
+        } else if (first || second) {
+          attend_step<1>(qt.data() + one * D, ot.data() + one * D, &m[one], &l[one], &seen[one],
+                         kb, vb, t0, D);
         }
       }
     }
@@ -373,8 +406,11 @@ void paged_attention(const float* q, const KV* k_pool, const KV* v_pool, const i
   std::vector<float> part_o(plan.num_rows * H * D), part_m(plan.num_rows * H),
       part_l(plan.num_rows * H);
   const Pools<KV> pools{k_pool, v_pool, kv_slots, shape.kv_heads * D};
-  at::parallel_for(0, plan.num_items, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
+  // Items differ in size (a long context's chunks, a short suffix): each thread takes the
+  // next unclaimed item, rather than a fixed share of the list.
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t i = next++; i < plan.num_items; i = next++) {
       const int64_t* item = plan.items + i * kItemFields;
       const bool few = item[1] * (shape.heads / shape.kv_heads) <= kFewQueries &&
                        shape.head_dim % kLanes == 0;

@@ -60,6 +60,7 @@ class Engine:
         self._started = time.perf_counter()
         self._finished = self._generated = 0
         self._steps, self._sched_s = 0, 0.0  # forward steps; time in schedule + process
+        self._decode_s, self._decode_tokens = 0.0, 0  # decode batches: forward + sampling
         self._ttft: deque[float] = deque(maxlen=10_000)
         self._latency: deque[float] = deque(maxlen=10_000)
         self._thread = threading.Thread(target=self._loop, name="radixserve-scheduler", daemon=True)
@@ -199,6 +200,8 @@ class Engine:
             "cascade_groups": s.cascade_groups,
             "cascade_saved_tokens": s.cascade_saved_tokens,
             "scheduler_s": self._sched_s,
+            "decode_s": self._decode_s,
+            "decode_tokens": self._decode_tokens,
             "finished_requests": self._finished,
             "generated_tokens": self._generated,
             "generation_throughput": self._generated / elapsed,
@@ -347,10 +350,14 @@ class Engine:
                 time.sleep(0.001)  # waiting on memory held by nothing: let commands in
             return
         try:
+            t_forward = time.perf_counter()
             out = self.runner.forward(batch)
             sampled = out.sampled
             tokens = self.sampler.sample(out.last, sampled)
             record_logprobs(batch, out, tokens)
+            if batch.decode:
+                self._decode_s += time.perf_counter() - t_forward
+                self._decode_tokens += len(batch.work)
         except Exception as exc:  # a failed forward fails its requests, not the engine
             for item in batch.work:
                 item.req.finish_reason = f"error: {exc}"
