@@ -55,6 +55,16 @@ inline f8 vmax(f8 a, f8 b) { return a > b ? a : b; }
 typedef float f8u __attribute__((vector_size(32), aligned(4), may_alias));
 inline f8 load8(const float* p) { return *reinterpret_cast<const f8u*>(p); }
 
+// Eight bfloat16 values widened to float: each is the top half of a float's bits.
+typedef uint16_t u16x8 __attribute__((vector_size(16), aligned(2), may_alias));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+inline f8 load8(const uint16_t* p) {
+  const u32x8 bits = __builtin_convertvector(*reinterpret_cast<const u16x8*>(p), u32x8) << 16;
+  f8 f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 inline float hsum(f8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
 // Lane j of the result: the sum of a[j]'s lanes.
@@ -102,18 +112,20 @@ struct Pools {
   int64_t row_stride;  // kv_heads * head_dim
 };
 
-// Up to kKeys keys' rows of one KV head as float rows: `k[j]`, `v[j]`. Packed copies
-// ([kKeys][head_dim], one base address for the inner loops) when `packed` or the pool is
-// bfloat16; otherwise the pool's own rows. Missing keys read zeros.
+// Up to kKeys keys' rows of one KV head as float rows `k[j]`, `v[j]`: the pool's own rows
+// for float32, or packed float copies ([kKeys][head_dim] from k_base()/v_base(), one base
+// address for loops that broadcast single elements) when asked or when the pool is
+// bfloat16, so each element is widened once per step. Missing keys read zeros.
 template <typename KV>
 struct KeyStep {
   std::vector<f8> k_buf, v_buf;
+  std::vector<KV> zeros;
   const float* k[kKeys];
   const float* v[kKeys];
   bool packed;
 
   KeyStep(int64_t D, bool pack)
-      : k_buf(kKeys * D / kLanes + 1), v_buf(kKeys * D / kLanes + 1),
+      : k_buf(kKeys * D / kLanes + 1), v_buf(kKeys * D / kLanes + 1), zeros(D),
         packed(pack || !std::is_same_v<KV, float>) {}
 
   float* k_base() { return reinterpret_cast<float*>(k_buf.data()); }
@@ -121,29 +133,24 @@ struct KeyStep {
 
   void load(const Pools<KV>& pools, const int64_t* slots, int64_t n, int64_t head, int64_t D) {
     for (int64_t j = 0; j < kKeys; ++j) {
-      float* kd = k_base() + j * D;
-      float* vd = v_base() + j * D;
-      k[j] = kd;
-      v[j] = vd;
-      if (j >= n) {
-        std::fill(kd, kd + D, 0.0f);
-        std::fill(vd, vd + D, 0.0f);
-        continue;
-      }
-      const KV* ks = pools.k + slots[j] * pools.row_stride + head * D;
-      const KV* vs = pools.v + slots[j] * pools.row_stride + head * D;
-      if constexpr (std::is_same_v<KV, float>) {
-        if (!packed) {
-          k[j] = ks;
-          v[j] = vs;
-          continue;
-        }
-      }
-      for (int64_t d = 0; d < D; ++d) {
-        kd[d] = to_float(ks[d]);
-        vd[d] = to_float(vs[d]);
+      const int64_t off = slots[std::min(j, n - 1)] * pools.row_stride + head * D;
+      const KV* ks = j < n ? pools.k + off : zeros.data();
+      const KV* vs = j < n ? pools.v + off : zeros.data();
+      if (packed) {
+        k[j] = pack(ks, k_base() + j * D, D);
+        v[j] = pack(vs, v_base() + j * D, D);
+      } else if constexpr (std::is_same_v<KV, float>) {
+        k[j] = ks;
+        v[j] = vs;
       }
     }
+  }
+
+  static const float* pack(const KV* src, float* dst, int64_t D) {
+    int64_t d = 0;
+    for (; d + kLanes <= D; d += kLanes) *reinterpret_cast<f8u*>(dst + d) = load8(src + d);
+    for (; d < D; ++d) dst[d] = to_float(src[d]);
+    return dst;
   }
 };
 
