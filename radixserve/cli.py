@@ -122,7 +122,7 @@ def _bench_kernels(args: argparse.Namespace) -> int:
     out = with_progress("bench kernels", num_steps(cfg), lambda step: run_kernel_bench(cfg, step))
     attention = [r for r in out["rows"] if r["kernel"] != "matcher"]
     print_table(
-        f"attention, one layer of {cfg.preset}; copy bandwidth {out['bandwidth_gb_s']:.1f} GB/s",
+        f"attention, one layer of {cfg.preset}; copy {out['bandwidth_gb_s']:.1f} GB/s (median)",
         attention,
         [
             ("kernel", "kernel"),
@@ -134,6 +134,7 @@ def _bench_kernels(args: argparse.Namespace) -> int:
             ("speedup", "speedup"),
             ("limit_ms", "bandwidth limit ms"),
             ("of_limit", "x limit"),
+            ("bandwidth_gb_s", "copy GB/s"),
         ],
     )
     print_table(

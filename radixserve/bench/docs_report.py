@@ -179,6 +179,7 @@ SECTIONS = (
             ("speedup", "speedup", _times),
             ("limit_ms", "bandwidth limit ms", _num(2)),
             ("of_limit", "x limit", _num(2)),
+            ("bandwidth_gb_s", "copy GB/s", _num(1)),
             ("python_walk_us", "Python walk µs", _num(1)),
             ("native_walk_us", "with native scan µs", _num(1)),
             ("match_prefix_us", "match_prefix µs", _num(1)),

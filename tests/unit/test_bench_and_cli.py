@@ -9,6 +9,7 @@ from radixserve.bench.simulate import serve_without_model
 from radixserve.bench.workloads import MultiTurnChat
 from radixserve.cache import RadixCache
 from radixserve.cli import main
+from radixserve.csrc import native_available
 from radixserve.memory import KVSlotAllocator
 
 SMALL = MultiTurnChat(
@@ -163,3 +164,20 @@ def test_report_weaves_json_tables_into_the_notes(tmp_path):
     assert "(Measured " in lang
     assert "not measured yet" in text  # sections without JSON say so
     assert "cores" in text.split("\n## ")[0]  # the machine is described up front
+
+
+@pytest.mark.skipif(not native_available(), reason="native kernels did not build")
+def test_bench_kernels_command_writes_json_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "kernels.json", tmp_path / "kernels.png"
+    args = ["bench", "kernels", "--quick", "--dtypes", "float32", "--json", str(out)]
+    assert main([*args, "--plot", str(png)]) == 0
+    data = json.loads(out.read_text())
+    kernels = {r["kernel"] for r in data["rows"]}
+    assert kernels == {"decode", "extend", "cascade", "matcher"}
+    for r in data["rows"]:
+        if r["kernel"] in ("decode", "extend"):
+            assert r["torch_ms"] > 0 and r["native_ms"] > 0 and r["limit_ms"] > 0
+    assert data["bandwidth_gb_s"] > 0
+    assert {t["target"] for t in data["targets"]} >= {"4k-token walk p50 µs"}
+    assert png.stat().st_size > 0
+    assert "GB/s (median)" in capsys.readouterr().out
