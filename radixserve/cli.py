@@ -70,11 +70,13 @@ def _bench_model(args: argparse.Namespace) -> int:
     from radixserve.bench.model_bench import ModelBenchConfig, num_steps, run_model_bench
     from radixserve.bench.report import print_table, with_progress, write_json
 
-    cfg = ModelBenchConfig(preset=args.model, dtypes=tuple(args.dtypes))
+    backend = args.attention_backend
+    cfg = ModelBenchConfig(preset=args.model, dtypes=tuple(args.dtypes), attention_backend=backend)
     if args.quick:
         cfg = ModelBenchConfig(
             preset=args.model,
             dtypes=tuple(args.dtypes),
+            attention_backend=backend,
             prefill_lens=(64,),
             decode_batches=(1, 4),
             context=64,
@@ -85,6 +87,7 @@ def _bench_model(args: argparse.Namespace) -> int:
     columns = [
         ("dtype", "dtype"),
         ("case", "case"),
+        ("attention", "attention"),
         ("ours_tok_s", "radixserve tok/s"),
         ("transformers_tok_s", "transformers tok/s"),
         ("ratio", "ratio"),
@@ -460,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = bench.add_parser("model", help="forward throughput against transformers")
     model.add_argument("--model", default="bench-135m", help="a preset")
     model.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    model.add_argument("--attention-backend", default="auto", help="auto, torch or native")
     model.add_argument("--quick", action="store_true", help="small shapes, for smoke tests")
     model.add_argument("--json", help="write the rows to this file")
     model.set_defaults(func=_bench_model)

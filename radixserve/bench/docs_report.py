@@ -199,12 +199,43 @@ SECTIONS = (
         ),
     ),
     Section(
+        "serving_native",
+        "Native against torch attention, end to end — `radixserve bench serving`",
+        "radixserve bench serving --workload shared-system-prompt --configs radix-lpm "
+        "radix-lpm-torch --scale 4 --max-tokens 16 --rounds 2 "
+        "--json docs/bench_serving_native.json",
+        (
+            ("workload", "workload", _plain),
+            ("config", "configuration", _plain),
+            ("requests", "requests", _plain),
+            ("req_s", "req/s", _num(2)),
+            ("decode_tok_s", "decode tok/s", _num(1)),
+            ("ttft_p50_s", "TTFT p50 s", _num(2)),
+            ("e2e_p50_s", "e2e p50 s", _num(2)),
+            ("hit_rate", "hit rate", _pct),
+        ),
+        extra=(
+            (
+                "targets",
+                "Against the targets",
+                (
+                    ("target", "target", _plain),
+                    ("workload", "workload", _plain),
+                    ("measured", "measured", _num(2)),
+                    ("goal", "goal", _num(2)),
+                    ("met", "met", _plain),
+                ),
+            ),
+        ),
+    ),
+    Section(
         "model",
         "Model forward — `radixserve bench model`",
         "radixserve bench model --json docs/bench_model.json",
         (
             ("dtype", "dtype", _plain),
             ("case", "case", _plain),
+            ("attention", "attention", _plain),
             ("ours_tok_s", "radixserve tok/s", _num(1)),
             ("transformers_tok_s", "transformers tok/s", _num(1)),
             ("ratio", "ratio", _num(2)),

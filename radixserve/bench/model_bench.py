@@ -38,20 +38,28 @@ class ModelBenchConfig:
     decode_steps: int = 8
     reps: int = 3
     page_size: int = 16
+    attention_backend: str = "auto"  # native on CPU when it builds
     seed: int = 0
 
 
 class _Ours:
     """Our decoder with a KV pool big enough for one case at a time."""
 
-    def __init__(self, loaded: LoadedModel, num_slots: int, page_size: int) -> None:
+    def __init__(
+        self, loaded: LoadedModel, num_slots: int, page_size: int, attention_backend: str
+    ) -> None:
         cfg = loaded.config
         dtype = next(loaded.model.parameters()).dtype
         self.model, self.page_size = loaded.model, page_size
         self.allocator = KVSlotAllocator(num_slots, page_size)
         pool = KVPool(cfg.num_layers, num_slots, page_size, cfg.num_kv_heads, cfg.head_dim, dtype)
         self.backend = create_attention_backend(
-            "torch", pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5
+            attention_backend,
+            pool,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.head_dim**-0.5,
         )
 
     def forward(self, requests: list[ExtendRequest]) -> torch.Tensor:
@@ -148,7 +156,8 @@ def run_model_bench(
         vocab = loaded.config.vocab_size
         max_batch = max(cfg.decode_batches)
         need = max(max(cfg.prefill_lens), max_batch * (cfg.context + 64 + cfg.page_size))
-        ours = _Ours(loaded, -(-need // cfg.page_size) * cfg.page_size, cfg.page_size)
+        slots = -(-need // cfg.page_size) * cfg.page_size
+        ours = _Ours(loaded, slots, cfg.page_size, cfg.attention_backend)
         theirs = _Theirs(loaded)
         _check_same_model(ours, theirs, vocab, rng)
         for n in cfg.prefill_lens:
@@ -170,6 +179,8 @@ def run_model_bench(
             t_ours, t_theirs = _alternate(step_ours, step_theirs, cfg.decode_steps)
             label = f"decode batch {batch}, context {cfg.context}"
             rows.append(_row(dtype_name, label, batch, t_ours, t_theirs))
+        for row in rows:
+            row.setdefault("attention", ours.backend.name)
     return rows
 
 
