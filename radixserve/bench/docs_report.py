@@ -180,12 +180,19 @@ SECTIONS = (
             ("limit_ms", "bandwidth limit ms", _num(2)),
             ("of_limit", "x limit", _num(2)),
             ("bandwidth_gb_s", "copy GB/s", _num(1)),
-            ("python_walk_us", "Python walk µs", _num(1)),
-            ("native_walk_us", "with native scan µs", _num(1)),
-            ("match_prefix_us", "match_prefix µs", _num(1)),
         ),
         image="bench_kernels.png",
         extra=(
+            (
+                "matcher",
+                "The radix tree's walk, p50",
+                (
+                    ("case", "case", _plain),
+                    ("python_walk_us", "Python walk µs", _num(1)),
+                    ("native_walk_us", "with the native scan µs", _num(1)),
+                    ("match_prefix_us", "whole match_prefix µs", _num(1)),
+                ),
+            ),
             (
                 "targets",
                 "Against the targets",

@@ -172,8 +172,8 @@ def test_bench_kernels_command_writes_json_and_plot(tmp_path, capsys):
     args = ["bench", "kernels", "--quick", "--dtypes", "float32", "--json", str(out)]
     assert main([*args, "--plot", str(png)]) == 0
     data = json.loads(out.read_text())
-    kernels = {r["kernel"] for r in data["rows"]}
-    assert kernels == {"decode", "extend", "cascade", "matcher"}
+    assert {r["kernel"] for r in data["rows"]} == {"decode", "extend", "cascade"}
+    assert len(data["matcher"]) == 2
     for r in data["rows"]:
         if r["kernel"] in ("decode", "extend"):
             assert r["torch_ms"] > 0 and r["native_ms"] > 0 and r["limit_ms"] > 0
