@@ -37,5 +37,5 @@ def test_bench_model_command(tmp_path, capsys):
         )
         == 0
     )
-    assert "radixserve tok/s" in capsys.readouterr().out
+    assert "forward throughput" in capsys.readouterr().out
     assert out.is_file()
