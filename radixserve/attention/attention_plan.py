@@ -22,6 +22,10 @@ import torch
 
 QUERY_BLOCK = 32
 KEY_CHUNK = 512
+MIN_CHUNK = 64
+# A shared prefix is one block of work for many queries: cut it in at least this many
+# chunks so that every core gets a share (the members' suffixes are small by comparison).
+SHARED_MIN_CHUNKS = 8
 _ALL = np.iinfo(np.int64).max // 4  # a causal offset that shows a row every key
 
 
@@ -53,16 +57,25 @@ class _Builder:
         self.rows: list[np.ndarray] = []
         self.num_rows = 0
 
-    def add(self, tokens: np.ndarray, key_start: int, num_keys: int, causal_offset: int) -> None:
+    def add(
+        self,
+        tokens: np.ndarray,
+        key_start: int,
+        num_keys: int,
+        causal_offset: int,
+        min_chunks: int = 1,
+    ) -> None:
         """Rows ``tokens`` (in order; row r sees ``causal_offset + r`` keys) over
-        ``num_keys`` slots from ``key_start``, cut into query blocks and key chunks."""
+        ``num_keys`` slots from ``key_start``, cut into query blocks and key chunks (at
+        least ``min_chunks`` of them when each keeps >= MIN_CHUNK keys)."""
         for q0 in range(0, len(tokens), self.query_block):
             block = tokens[q0 : q0 + self.query_block]
             offset = causal_offset + q0
             seen = min(num_keys, offset + len(block) - 1)
             if seen <= 0:
                 continue
-            chunk = -(-seen // -(-seen // self.key_chunk))  # equal chunks of <= key_chunk
+            parts = max(-(-seen // self.key_chunk), min(min_chunks, seen // MIN_CHUNK))
+            chunk = -(-seen // max(parts, 1))  # equal chunks of <= key_chunk
             for c in range(0, seen, chunk):
                 n = min(chunk, num_keys - c)
                 self.items.append((self.num_rows, len(block), key_start + c, n, offset - c))
@@ -106,7 +119,7 @@ def plan_attention(
         _check_group(group, prefix, kv_start, kv_slots, shared)
         m = np.asarray(group.members)
         tokens = np.concatenate([np.arange(q_start[i], q_start[i] + ext[i]) for i in m])
-        b.add(tokens, int(kv_start[m[0]]), group.shared_len, _ALL)
+        b.add(tokens, int(kv_start[m[0]]), group.shared_len, _ALL, SHARED_MIN_CHUNKS)
         shared[m] = group.shared_len
     for i in range(len(seq)):
         s = int(shared[i])

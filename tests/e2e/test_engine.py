@@ -45,8 +45,10 @@ def reference(tmp_path_factory):
     return out
 
 
-def run(**options) -> tuple[list[list[int]], dict]:
+def run(cascade_min_queries: int | None = None, **options) -> tuple[list[list[int]], dict]:
     with Engine("tiny", check_invariants=True, **options) as engine:
+        if cascade_min_queries is not None:  # the tiny batch is below the default
+            engine.runner.backend.cascade_min_queries = cascade_min_queries
         outs = engine.generate(input_ids=workload(), sampling_params=GREEDY)
         stats = engine.cache_stats()
         engine.check_invariants()
@@ -69,7 +71,12 @@ def test_greedy_equals_transformers_with_cache_on_and_off(reference, page_size):
 @pytest.mark.skipif(not native_available(), reason="native kernels did not build")
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_native_attention_with_cascade_equals_transformers(reference, page_size):
-    native, stats = run(page_size=page_size, attention_backend="native", cascade_min_shared=16)
+    native, stats = run(
+        cascade_min_queries=1,
+        page_size=page_size,
+        attention_backend="native",
+        cascade_min_shared=16,
+    )
     plain, plain_stats = run(
         page_size=page_size, attention_backend="native", cascade_attention=False
     )
