@@ -67,6 +67,14 @@ SERVING_COLUMNS = (
     ("speedup_vs_off", "vs off", _times),
 )
 
+SERVING_TARGET_COLUMNS = (
+    ("target", "target", _plain),
+    ("workload", "workload", _plain),
+    ("measured", "measured", _num(2)),
+    ("goal", "goal", _num(2)),
+    ("met", "met", _plain),
+)
+
 SECTIONS = (
     Section("demo", "The end-to-end demo — `radixserve demo`", None),
     Section(
@@ -80,13 +88,7 @@ SECTIONS = (
             (
                 "targets",
                 "Against the targets",
-                (
-                    ("target", "target", _plain),
-                    ("workload", "workload", _plain),
-                    ("measured", "measured", _num(2)),
-                    ("goal", "goal", _num(2)),
-                    ("met", "met", _plain),
-                ),
+                SERVING_TARGET_COLUMNS,
             ),
             (
                 "sweep",
@@ -225,13 +227,7 @@ SECTIONS = (
             (
                 "targets",
                 "Against the targets",
-                (
-                    ("target", "target", _plain),
-                    ("workload", "workload", _plain),
-                    ("measured", "measured", _num(2)),
-                    ("goal", "goal", _num(2)),
-                    ("met", "met", _plain),
-                ),
+                SERVING_TARGET_COLUMNS,
             ),
         ),
     ),

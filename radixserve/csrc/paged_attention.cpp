@@ -154,6 +154,19 @@ struct KeyStep {
   }
 };
 
+// One plan item, unpacked (fields as in paged_attention.h).
+struct Item {
+  int64_t row0, rows, key_start, num_keys, causal_offset;
+
+  explicit Item(const int64_t* f)
+      : row0(f[0]), rows(f[1]), key_start(f[2]), num_keys(f[3]), causal_offset(f[4]) {}
+
+  // Keys of the item's stretch that its row `row` may see.
+  int64_t visible(int64_t row) const {
+    return std::clamp<int64_t>(causal_offset + row, 0, num_keys);
+  }
+};
+
 template <typename KV>
 void prefetch_rows(const Pools<KV>& pools, const int64_t* slots, int64_t begin, int64_t end) {
   for (int64_t j = begin; j < end; ++j) {
@@ -176,12 +189,12 @@ template <int64_t kD, typename KV>
 void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
                   const AttentionPlan& plan, const AttentionShape& shape, float* part_o,
                   float* part_m, float* part_l) {
-  const int64_t row0 = item[0], rows = item[1], key_start = item[2], num_keys = item[3];
-  const int64_t causal_offset = item[4];
+  const Item it(item);
+  const int64_t row0 = it.row0, rows = it.rows;
   const int64_t H = shape.heads, HKV = shape.kv_heads, G = H / HKV;
   const int64_t D = kD ? kD : shape.head_dim;  // a constant for the common head sizes
   const int64_t nq = rows * G, C = D / kLanes;
-  const int64_t* slots = pools.slots + key_start;
+  const int64_t* slots = pools.slots + it.key_start;
 
   // Query (h, i), index h * nq + i: row i / G, query head h * G + i % G.
   std::vector<f8> qv(HKV * nq * C), ov(HKV * nq * C);
@@ -189,7 +202,7 @@ void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
   std::vector<int64_t> visible(nq);
   int64_t max_seen = 0;
   for (int64_t i = 0; i < nq; ++i) {
-    visible[i] = std::clamp<int64_t>(causal_offset + i / G, 0, num_keys);
+    visible[i] = it.visible(i / G);
     max_seen = std::max(max_seen, visible[i]);
     for (int64_t h = 0; h < HKV; ++h) {
       const float* src = q + (plan.q_index[row0 + i / G] * H + h * G + i % G) * D;
@@ -299,12 +312,12 @@ template <int64_t kD, typename KV>
 void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
               const AttentionPlan& plan, const AttentionShape& shape, float* part_o,
               float* part_m, float* part_l) {
-  const int64_t row0 = item[0], rows = item[1], key_start = item[2], num_keys = item[3];
-  const int64_t causal_offset = item[4];
+  const Item it(item);
+  const int64_t row0 = it.row0, rows = it.rows;
   const int64_t H = shape.heads, HKV = shape.kv_heads, G = H / HKV;
   const int64_t D = kD ? kD : shape.head_dim;  // a constant for the common head sizes
   const int64_t nq = rows * G, nvec = (nq + kLanes - 1) / kLanes;
-  const int64_t* slots = pools.slots + key_start;
+  const int64_t* slots = pools.slots + it.key_start;
 
   // Vector (h, vec), index h * nvec + vec, holds queries i = vec * 8 + lane of KV head h:
   // row i / G, query head h * G + i % G.
@@ -322,7 +335,7 @@ void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
         int64_t visible = 0;
         const float* src = nullptr;
         if (i < nq) {
-          visible = std::clamp<int64_t>(causal_offset + i / G, 0, num_keys);
+          visible = it.visible(i / G);
           src = q + (plan.q_index[row0 + i / G] * H + h * G + i % G) * D;
         }
         for (int64_t d = 0; d < D; ++d) qt[hv * D + d][lane] = src ? src[d] * shape.scale : 0;
