@@ -62,7 +62,7 @@ def test_torch_backend_matches_reference(lens, kv_heads, group, head_dim, dtype,
     lens=st.lists(st.tuples(st.integers(0, 1100), st.integers(1, 70)), min_size=1, max_size=4),
     kv_heads=st.sampled_from([1, 2, 3]),
     group=st.sampled_from([1, 3, 4, 8]),
-    head_dim=st.sampled_from([8, 12, 64, 128]),
+    head_dim=st.sampled_from([8, 12, 16, 48, 64, 128]),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     seed=st.integers(0, 2**16),
 )
