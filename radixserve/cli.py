@@ -125,7 +125,8 @@ def _bench_kernels(args: argparse.Namespace) -> int:
     out = with_progress("bench kernels", num_steps(cfg), lambda step: run_kernel_bench(cfg, step))
     attention = out["rows"]
     print_table(
-        f"attention, one layer of {cfg.preset}; copy {out['bandwidth_gb_s']:.1f} GB/s (median)",
+        f"attention, one layer of {cfg.preset}; copy {out['bandwidth_gb_s']:.1f} GB/s, "
+        f"read {out['read_gb_s']:.1f} GB/s (medians)",
         attention,
         [
             ("kernel", "kernel"),
@@ -135,9 +136,11 @@ def _bench_kernels(args: argparse.Namespace) -> int:
             ("plain_ms", "plain native ms"),
             ("native_ms", "native ms"),
             ("speedup", "speedup"),
-            ("limit_ms", "bandwidth limit ms"),
-            ("of_limit", "x limit"),
+            ("limit_ms", "copy limit ms"),
+            ("of_limit", "x copy limit"),
+            ("of_read_limit", "x read limit"),
             ("bandwidth_gb_s", "copy GB/s"),
+            ("read_gb_s", "read GB/s"),
         ],
     )
     print_table(

@@ -82,7 +82,7 @@ def plot_serving_bench(rows: Sequence[dict], sweep: Sequence[dict], path: str | 
 
 
 def plot_kernel_bench(rows: Sequence[dict], path: str | Path) -> None:
-    """Decode time against context length, torch and native beside the bandwidth limit,
+    """Decode time against context length, torch and native beside the bandwidth limits,
     one panel per dtype and batch size."""
     import matplotlib
 
@@ -102,7 +102,8 @@ def plot_kernel_bench(rows: Sequence[dict], path: str | Path) -> None:
             for key, label in (
                 ("torch_ms", "torch"),
                 ("native_ms", "native"),
-                ("limit_ms", "bandwidth limit"),
+                ("limit_ms", "copy-bandwidth limit"),
+                ("read_limit_ms", "read-bandwidth limit"),
             ):
                 ax.plot(contexts, [r[key] for r in line], marker="o", label=label)
             ax.set_xscale("log", base=2)
