@@ -283,7 +283,7 @@ def _bench_serving(args: argparse.Namespace) -> int:
         page_size=args.page_size,
         rounds=args.rounds,
         seed=args.seed,
-        sweep_workload=args.sweep,
+        sweep_workloads=tuple(args.sweep or ()),
         vllm_python=args.vllm_python,
     )
     result = with_progress(
@@ -309,19 +309,21 @@ def _bench_serving(args: argparse.Namespace) -> int:
     )
     if result["sweep"]:
         sweep_cols = [
+            ("workload", "workload"),
             ("kv_tokens", "KV tokens"),
             ("config", "config"),
             ("hit_rate", "hit rate"),
             ("req_s", "req/s"),
         ]
-        print_table(f"KV-pool sweep: {cfg.sweep_workload}", result["sweep"], sweep_cols)
-    targets = check_targets(result["rows"])
+        print_table("KV-pool sweep", result["sweep"], sweep_cols)
+    targets = check_targets(result["rows"], result["sweep"])
     target_cols = [
         ("target", "target"),
         ("workload", "workload"),
         ("measured", "measured"),
         ("goal", "goal"),
         ("met", "met"),
+        ("rounds", "paired rounds"),
     ]
     print_table("targets", targets, target_cols)
     if args.json:
@@ -505,7 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument("--max-tokens", type=int, default=8)
     serving.add_argument("--page-size", type=int, default=16)
     serving.add_argument("--rounds", type=int, default=1)
-    serving.add_argument("--sweep", help="also sweep the KV-pool size on this workload")
+    serving.add_argument(
+        "--sweep", nargs="+", help="also sweep the KV-pool size on these workloads"
+    )
     serving.add_argument("--vllm-python", help="python of a venv with vllm, for the vllm config")
     serving.add_argument("--json", help="write rows, sweep and targets to this file")
     serving.add_argument("--plot", help="write a PNG chart to this file")

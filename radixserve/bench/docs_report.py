@@ -73,6 +73,7 @@ SERVING_TARGET_COLUMNS = (
     ("measured", "measured", _num(2)),
     ("goal", "goal", _num(2)),
     ("met", "met", _plain),
+    ("rounds", "paired rounds (range)", _plain),
 )
 
 SECTIONS = (
@@ -80,8 +81,8 @@ SECTIONS = (
     Section(
         "serving",
         "Serving workloads — `radixserve bench serving`",
-        "radixserve bench serving --sweep multi-turn-chat --json docs/bench_serving.json "
-        "--plot docs/bench_serving.png",
+        "radixserve bench serving --rounds 3 --sweep multi-turn-chat tree-of-thought rag "
+        "--json docs/bench_serving.json --plot docs/bench_serving.png",
         SERVING_COLUMNS,
         image="bench_serving.png",
         extra=(

@@ -66,14 +66,22 @@ def plot_serving_bench(rows: Sequence[dict], sweep: Sequence[dict], path: str | 
     axes[1].legend(fontsize=7)
     if sweep:
         ax = axes[2]
-        for config in dict.fromkeys(r["config"] for r in sweep):
-            line = sorted((r for r in sweep if r["config"] == config), key=lambda r: r["kv_tokens"])
-            ax.plot(
-                [r["kv_tokens"] for r in line], [r["hit_rate"] for r in line], "o-", label=config
-            )
-        ax.axhline(sweep[0]["optimal_hit_rate"], color="k", ls="--", lw=1, label="optimal")
-        ax.set_xlabel("KV pool (tokens)")
-        ax.set_title(f"hit rate as memory shrinks: {sweep[0]['workload']}")
+        styles = {"radix-lpm": "o-", "block-hash-fcfs": "s--"}
+        for i, workload in enumerate(dict.fromkeys(r["workload"] for r in sweep)):
+            for config in dict.fromkeys(r["config"] for r in sweep):
+                line = sorted(
+                    (r for r in sweep if r["workload"] == workload and r["config"] == config),
+                    key=lambda r: r["kv_fraction"],
+                )
+                ax.plot(
+                    [r["kv_fraction"] for r in line],
+                    [r["hit_rate"] for r in line],
+                    styles.get(config, "x:"),
+                    color=f"C{i}",
+                    label=f"{workload}, {config}",
+                )
+        ax.set_xlabel("KV pool / the workload's distinct tokens")
+        ax.set_title("hit rate as memory shrinks")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
