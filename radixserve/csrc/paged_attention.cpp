@@ -167,6 +167,39 @@ void prefetch_rows(const Pools<KV>& pools, const int64_t* slots, int64_t begin, 
   }
 }
 
+// Cache lines of future rows (K and V, every KV head), handed to the prefetcher a few at a
+// time between computations: a burst of hundreds would fill the core's miss buffers and
+// stall the arithmetic behind it, so memory and compute would take turns instead of
+// overlapping.
+template <typename KV>
+struct SpreadPrefetch {
+  const Pools<KV>& pools;
+  const int64_t* slots;
+  int64_t key = 0, end = 0, byte = 0, per_call = 0;
+
+  void start(int64_t begin, int64_t stop, int64_t calls) {
+    key = begin;
+    end = stop;
+    byte = 0;
+    const int64_t lines = (stop - begin) * pools.row_stride * int64_t(sizeof(KV)) / 64;
+    per_call = (std::max<int64_t>(lines, 0) + calls - 1) / std::max<int64_t>(calls, 1);
+  }
+
+  void issue() {
+    const int64_t row_bytes = pools.row_stride * int64_t(sizeof(KV));
+    for (int64_t n = 0; n < per_call && key < end; ++n) {
+      const int64_t off = slots[key] * pools.row_stride;
+      __builtin_prefetch(reinterpret_cast<const char*>(pools.k + off) + byte);
+      __builtin_prefetch(reinterpret_cast<const char*>(pools.v + off) + byte);
+      byte += 64;
+      if (byte >= row_bytes) {
+        byte = 0;
+        ++key;
+      }
+    }
+  }
+};
+
 // An item with at most kFewQueries queries per KV head (a decode row: one token's query
 // heads of a group). Vectors run along head_dim instead: a query's scores come from dot
 // products, and V accumulates along head_dim, so no lane idles. Keys go kFewKeys at a time:
@@ -246,9 +279,10 @@ void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
     return chunk(v_row[j], c);
   };
   const f8 lane_index = {0, 1, 2, 3, 4, 5, 6, 7};
+  SpreadPrefetch<KV> prefetch{pools, slots};
   for (int64_t t0 = 0; t0 < max_seen; t0 += kFewKeys) {
-    prefetch_rows(pools, slots, std::min(t0 + 2 * kFewKeys, max_seen),
-                  std::min(t0 + 3 * kFewKeys, max_seen));
+    prefetch.start(std::min(t0 + 2 * kFewKeys, max_seen), std::min(t0 + 3 * kFewKeys, max_seen),
+                   HKV * nq * (kFewKeys / kKeys + 1));
     const int64_t n = std::min(kFewKeys, max_seen - t0);
     for (int64_t h = 0; h < HKV; ++h) {
       for (int64_t j = 0; j < kFewKeys; ++j) {
@@ -271,6 +305,7 @@ void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
         f8 s[kFewKeys / kKeys];
         f8 block_max = splat(kNone);
         for (int64_t b = 0; b < blocks; ++b) {
+          prefetch.issue();
           f8 acc[kKeys] = {};
           for (int64_t c = 0; c < C; ++c) {
             const f8 qc = qr[c];
@@ -291,6 +326,7 @@ void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
         m[qi] = mx;
         l[qi] = l[qi] * correction + hsum(sum);
         f8* o = ov.data() + qi * C;
+        prefetch.issue();
         for (int64_t c = 0; c < C; ++c) {
           f8 acc = o[c] * correction;
           for (int64_t b = 0; b < blocks; ++b)
