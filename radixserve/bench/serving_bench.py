@@ -1,12 +1,15 @@
 """``radixserve bench serving``: the suite's workloads through the engine in several
 configurations, side by side, plus transformers' batched ``generate`` and (when given) vLLM.
 
-Configurations alternate within each workload (A B C D, A B C D, ...) so machine drift hits
-all alike; each keeps its fastest round, and every round's time is kept too, so two
-configurations can be compared round by round (neighbours in time) rather than best against
-best. One engine per configuration is built once and its cache flushed between runs. The
-KV-pool sweep serves chosen workloads with pools smaller than their distinct tokens, where
-eviction and the order of admission decide what stays cached.
+Configurations alternate within each workload, every other round reversed (A B C D,
+D C B A, ...), so machine drift hits all alike and no configuration always runs right after
+the same neighbour (a cyclic A B C D, A B C D put one configuration after transformers'
+memory-hungry `generate` in every round). Each keeps its fastest round, and every round's
+time is kept too, so two configurations can be compared round by round (neighbours in
+time) rather than best against best. One engine per configuration is built once and its
+cache flushed between runs. The KV-pool sweep serves chosen workloads with pools smaller
+than their distinct tokens, where eviction and the order of admission decide what stays
+cached.
 """
 
 from __future__ import annotations
@@ -229,8 +232,8 @@ def run_serving_bench(
             # Each workload starts from a different configuration, so none is always first.
             shift = index % len(cfg.configs)
             order = cfg.configs[shift:] + cfg.configs[:shift]
-            for _ in range(cfg.rounds):
-                for label in order:
+            for round_index in range(cfg.rounds):
+                for label in order if round_index % 2 == 0 else order[::-1]:
                     row = _run_one(label, engines, hf, work, cfg)
                     if row is not None:
                         seconds.setdefault(label, []).append(row["seconds"])
