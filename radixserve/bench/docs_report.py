@@ -32,6 +32,10 @@ def _times(v: object) -> str:
     return "" if v is None else f"{v:.2f}x"
 
 
+def _rounds(v: object) -> str:
+    return "" if not v else " / ".join(f"{x:.2f}" for x in v)
+
+
 def _plain(v: object) -> str:
     return "" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
 
@@ -105,6 +109,29 @@ SECTIONS = (
         ),
     ),
     Section(
+        "serving_pairs",
+        "Radix against block-hash, round by round — `radixserve bench serving --rounds 4`",
+        "radixserve bench serving --configs radix-lpm radix-fcfs block-hash-fcfs --rounds 4 "
+        "--json docs/bench_serving_pairs.json",
+        (
+            ("workload", "workload", _plain),
+            ("config", "configuration", _plain),
+            ("round_seconds", "seconds per round", _rounds),
+            ("req_s", "req/s (best)", _num(2)),
+            ("hit_rate", "hit rate", _pct),
+            ("prefill_tokens", "prefilled", _plain),
+            ("sched_ms_per_step", "sched ms/step", _num(2)),
+            ("lookup_p50_us", "lookup p50 µs", _num(1)),
+        ),
+        extra=(
+            (
+                "targets",
+                "Against the targets",
+                SERVING_TARGET_COLUMNS,
+            ),
+        ),
+    ),
+    Section(
         "serving_vllm",
         "Against vLLM — `radixserve bench serving --configs radix-lpm vllm`",
         "radixserve bench serving --workload few-shot shared-system-prompt multi-turn-chat rag "
@@ -171,7 +198,8 @@ SECTIONS = (
     Section(
         "kernels",
         "Native kernels — `radixserve bench kernels`",
-        "radixserve bench kernels --json docs/bench_kernels.json --plot docs/bench_kernels.png",
+        "radixserve bench kernels --reps 9 --json docs/bench_kernels.json "
+        "--plot docs/bench_kernels.png",
         (
             ("kernel", "kernel", _plain),
             ("dtype", "dtype", _plain),
