@@ -308,7 +308,7 @@ def num_steps(cfg: ServingBenchConfig) -> int:
 def paired_ratios(slow: dict, fast: dict) -> list[float]:
     """``slow``'s time over ``fast``'s, round by round (each pair ran back to back)."""
     a, b = slow.get("round_seconds", []), fast.get("round_seconds", [])
-    return [x / y for x, y in zip(a, b, strict=False)] if len(a) == len(b) else []
+    return [x / y for x, y in zip(a, b, strict=True)] if len(a) == len(b) else []
 
 
 def check_targets(rows: Sequence[dict], sweep: Sequence[dict] = ()) -> list[dict]:
