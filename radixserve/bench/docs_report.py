@@ -80,6 +80,8 @@ SERVING_TARGET_COLUMNS = (
     ("rounds", "paired rounds (range)", _plain),
 )
 
+SERVING_TARGETS_TABLE = ("targets", "Against the targets", SERVING_TARGET_COLUMNS)
+
 SECTIONS = (
     Section("demo", "The end-to-end demo — `radixserve demo`", None),
     Section(
@@ -90,11 +92,7 @@ SECTIONS = (
         SERVING_COLUMNS,
         image="bench_serving.png",
         extra=(
-            (
-                "targets",
-                "Against the targets",
-                SERVING_TARGET_COLUMNS,
-            ),
+            SERVING_TARGETS_TABLE,
             (
                 "sweep",
                 "KV-pool sweep",
@@ -123,13 +121,7 @@ SECTIONS = (
             ("sched_ms_per_step", "sched ms/step", _num(2)),
             ("lookup_p50_us", "lookup p50 µs", _num(1)),
         ),
-        extra=(
-            (
-                "targets",
-                "Against the targets",
-                SERVING_TARGET_COLUMNS,
-            ),
-        ),
+        extra=(SERVING_TARGETS_TABLE,),
     ),
     Section(
         "serving_vllm",
@@ -255,13 +247,7 @@ SECTIONS = (
             ("e2e_p50_s", "e2e p50 s", _num(2)),
             ("hit_rate", "hit rate", _pct),
         ),
-        extra=(
-            (
-                "targets",
-                "Against the targets",
-                SERVING_TARGET_COLUMNS,
-            ),
-        ),
+        extra=(SERVING_TARGETS_TABLE,),
     ),
     Section(
         "model",
