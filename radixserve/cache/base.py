@@ -113,8 +113,9 @@ class BasePrefixCache(ABC):
     def evict(self, num_tokens: int) -> int:
         """Free at least ``num_tokens`` cached tokens if that many are evictable.
 
-        Least recently used unlocked leaves go first; slots return to the allocator.
-        Returns the number of tokens freed (may exceed the request by part of a node).
+        Least recently used unlocked leaves go first, their tails before their heads, a
+        page at a time; slots return to the allocator. Returns the number of tokens freed
+        (may exceed the request by less than a page).
         """
 
     @property

@@ -5,7 +5,9 @@ Edges hold a whole number of pages; a node's children are keyed by their first p
 
 Eviction keeps a persistent ordered map from ``last_access`` tick to node holding exactly
 the unlocked leaves, so the least recently used one pops in O(log n) and a parent joins it
-when its last child goes: there is no rescan of the tree per call.
+when its last child goes: there is no rescan of the tree per call. It frees whole pages from
+the leaf's tail, no more than asked: dropping a whole 200-token leaf to make room for one
+page threw away prefixes a block-hash cache, which frees block by block, kept.
 """
 
 from __future__ import annotations
@@ -163,6 +165,12 @@ class RadixCache(BasePrefixCache):
         freed_slots = []
         while freed < num_tokens and self._lru:
             _, leaf = self._lru.popitem(0)
+            short = -(-(num_tokens - freed) // self.page_size) * self.page_size
+            if short < leaf.num_tokens:
+                # Only the leaf's tail goes: its head stays cached and is still the least
+                # recently used leaf. Splitting keeps handles to the tail marked evicted.
+                upper = self._split(leaf, (leaf.num_tokens - short) * TOKEN_BYTES)
+                upper.last_access = leaf.last_access
             parent = leaf.parent
             del parent.children[leaf.key[: self._page_bytes]]
             leaf.evicted = True

@@ -109,23 +109,56 @@ def test_namespaces_never_share():
     cache.check_invariants()
 
 
-def test_eviction_takes_the_least_recently_used_leaf_first():
+def test_eviction_frees_the_least_recently_used_leaf_tail_first():
     cache = make_cache(1)
     base = seq(0, 4)
     for tail in (10, 20, 30):
         alloc_and_insert(cache, base + [tail, tail + 1])
     cache.match_prefix(base + [10, 11])  # refresh the oldest branch
-    assert cache.evict(1) == 2  # the whole least recent leaf goes
-    remaining = {path for _, path, _ in cached_positions(cache)}
-    assert tuple(base + [20, 21]) not in remaining
-    assert tuple(base + [10, 11]) in remaining
-    assert tuple(base + [30, 31]) in remaining
+
+    def cached() -> set[tuple[int, ...]]:  # without touching the tree's clock
+        return {path for _, path, _ in cached_positions(cache)}
+
+    assert cache.evict(1) == 1  # no more than asked, from the least recent leaf's tail
+    assert tuple(base + [20, 21]) not in cached() and tuple(base + [20]) in cached()
+    # What is left of that leaf is still the least recent; then [30, 31] loses its tail.
+    assert cache.evict(2) == 2
+    assert tuple(base + [20]) not in cached()
+    assert tuple(base + [30, 31]) not in cached() and tuple(base + [30]) in cached()
+    assert tuple(base + [10, 11]) in cached()
     # The shared parent becomes a candidate only after its last child is gone.
-    assert cache.evict(3) == 4
+    assert cache.evict(3) == 3
     assert cache.total_size == 4
     assert cache.num_evictable_leaves == 1
-    assert cache.evict(1) == 4
-    assert cache.total_size == 0
+    assert cache.evict(1) == 1
+    assert cache.total_size == 3
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_eviction_frees_whole_pages_and_keeps_the_head(page_size):
+    cache = make_cache(page_size)
+    tokens = seq(0, 3 * page_size)
+    _, slots = alloc_and_insert(cache, tokens)
+    free_before = cache.allocator.num_free
+    assert cache.evict(1) == page_size
+    assert cache.allocator.num_free == free_before + page_size
+    m = cache.match_prefix(tokens)
+    assert m.slots.tolist() == slots[: 2 * page_size].tolist()
+    cache.check_invariants()
+
+
+def test_a_handle_into_an_evicted_tail_cannot_be_locked():
+    cache = make_cache(1)
+    alloc_and_insert(cache, seq(0, 6))
+    m = cache.match_prefix(seq(0, 6))
+    cache.evict(2)  # the tail [4, 6) goes; m.node was the node holding it
+    with pytest.raises(ValueError, match="evicted"):
+        cache.lock(m.node)
+    head = cache.match_prefix(seq(0, 6))
+    assert head.length == 4
+    cache.lock(head.node)
+    cache.unlock(head.node)
     cache.check_invariants()
 
 
@@ -136,7 +169,7 @@ def test_insert_counts_as_use_for_recency():
     alloc_and_insert(cache, seq(0, 3))  # already cached: refreshes it
     cache.evict(1)
     assert cache.match_prefix(seq(0, 3)).length == 3
-    assert cache.match_prefix(seq(100, 3)).length == 0
+    assert cache.match_prefix(seq(100, 3)).length == 2
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
@@ -285,7 +318,7 @@ def test_stats_count_tokens_and_requests():
     assert stats.token_hit_rate == pytest.approx(0.4)
     assert stats.request_hit_rate == pytest.approx(0.5)
     assert stats.inserted_tokens == 10
-    cache.evict(3)
+    cache.evict(10)
     assert cache.stats().evicted_tokens == 10
     assert cache.stats().as_dict()["token_hit_rate"] == pytest.approx(0.4)
 
