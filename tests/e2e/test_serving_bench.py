@@ -71,14 +71,23 @@ def test_the_sweep_shrinks_the_pool_and_the_targets_are_judged(result):
 
 def test_radix_and_block_hash_are_compared_round_by_round():
     rows = [
-        {"workload": "w", "config": "radix-lpm", "seconds": 1.0, "round_seconds": [1.0, 2.0, 1.1]},
+        {
+            "workload": "w",
+            "config": "radix-lpm",
+            "seconds": 1.0,
+            "round_seconds": [1.0, 2.0, 1.1],
+            "prefill_tokens": 100,
+        },
         {
             "workload": "w",
             "config": "block-hash-fcfs",
             "seconds": 1.0,
             "round_seconds": [1.1, 2.0, 1.0],
+            "prefill_tokens": 120,
         },
     ]
+    (work,) = [t for t in check_targets(rows) if t["target"].startswith("prefilled tokens")]
+    assert work["measured"] == pytest.approx(1.2) and work["met"] == "yes"
     (target,) = [t for t in check_targets(rows) if t["target"] == "throughput / block-hash-fcfs"]
     assert target["measured"] == pytest.approx(1.0)  # median of 1.1, 1.0, 0.909
     assert target["rounds"] == "0.91 to 1.10 (3 rounds)"
