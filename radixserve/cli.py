@@ -141,6 +141,8 @@ def _bench_kernels(args: argparse.Namespace) -> int:
             ("of_read_limit", "x read limit"),
             ("bandwidth_gb_s", "copy GB/s"),
             ("read_gb_s", "read GB/s"),
+            ("gemm_ms", "dense GEMM ms"),
+            ("gemm_ceiling", "plain / GEMM"),
         ],
     )
     print_table(

@@ -206,6 +206,8 @@ SECTIONS = (
             ("of_read_limit", "x read limit", _num(2)),
             ("bandwidth_gb_s", "copy GB/s", _num(1)),
             ("read_gb_s", "read GB/s", _num(1)),
+            ("gemm_ms", "dense GEMM ms", _num(2)),
+            ("gemm_ceiling", "plain / GEMM", _times),
         ),
         image="bench_kernels.png",
         extra=(

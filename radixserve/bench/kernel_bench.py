@@ -8,6 +8,8 @@ tensor, larger than the caches (a copy and a read-only sum), alternately, call b
 keeps the medians. A case's bandwidth limits are the K/V bytes it must read divided by its
 own probes' bandwidths — the copy's (source bytes per second) and the sum's — so a slow
 spell of the shared machine slows the limits too.
+The cascade case also times its shared-prefix arithmetic as dense GEMMs in torch, the
+ceiling for what computing the prefix once can gain when it stays in cache.
 The tree's edge matcher is timed on a ~10^6-token tree with and without the native scan.
 """
 
@@ -109,6 +111,25 @@ class _BandwidthProbe:
         return self.src.numel() * 4 / seconds
 
 
+class _DenseShared:
+    """The shared prefix's multiply-adds as two dense float32 GEMMs in torch (scores = Q K^T,
+    out = P V per KV head), with no softmax, paging or merge: the fastest this machine does
+    that arithmetic with a tuned library, so plain time / this time is the most any cascade
+    kernel could gain here when the prefix stays in cache."""
+
+    def __init__(self, rows: int, keys: int, kv_heads: int, head_dim: int) -> None:
+        self.q = torch.randn(kv_heads, rows, head_dim)
+        self.k_t = torch.randn(kv_heads, head_dim, keys)
+        self.v = torch.randn(kv_heads, keys, head_dim)
+        self.scores = torch.empty(kv_heads, rows, keys)
+        self.out = torch.empty(kv_heads, rows, head_dim)
+        self.flops = 4 * kv_heads * rows * keys * head_dim
+
+    def __call__(self) -> None:
+        torch.bmm(self.q, self.k_t, out=self.scores)
+        torch.bmm(self.scores, self.v, out=self.out)
+
+
 @dataclass(frozen=True)
 class _Shape:
     heads: int
@@ -167,9 +188,11 @@ class _Shape:
         native = self.backends(pool)[1]
         q = torch.randn(b, self.heads, self.head_dim).to(self.dtype)
         kv = torch.randn(b, self.kv_heads, self.head_dim).to(self.dtype)
+        dense = _DenseShared(b * self.heads // self.kv_heads, n, self.kv_heads, self.head_dim)
         calls = {
             "plain": _forward(native, plain, q, kv),
             "native": _forward(native, grouped, q, kv),
+            "gemm": dense,
             "copy": probe.copy,
             "read": probe.read,
         }
@@ -179,6 +202,9 @@ class _Shape:
             **row,
             "plain_ms": times["plain"] * 1e3,
             "speedup": times["plain"] / times["native"],
+            "gemm_ms": times["gemm"] * 1e3,
+            "gemm_gflop_s": dense.flops / times["gemm"] / 1e9,
+            "gemm_ceiling": times["plain"] / times["gemm"],
         }
 
     def _compare(

@@ -178,6 +178,10 @@ def test_bench_kernels_command_writes_json_and_plot(tmp_path, capsys):
         if r["kernel"] in ("decode", "extend"):
             assert r["torch_ms"] > 0 and r["native_ms"] > 0 and r["limit_ms"] > 0
             assert r["read_limit_ms"] > 0 and r["of_read_limit"] > 0
+        else:
+            assert r["gemm_ms"] > 0 and r["gemm_ceiling"] == pytest.approx(
+                r["plain_ms"] / r["gemm_ms"]
+            )
     assert data["bandwidth_gb_s"] > 0
     assert {t["target"] for t in data["targets"]} >= {"4k-token walk p50 µs"}
     assert png.stat().st_size > 0
