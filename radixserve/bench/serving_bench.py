@@ -313,9 +313,9 @@ def paired_ratios(slow: dict, fast: dict) -> list[float]:
 
 def check_targets(rows: Sequence[dict], sweep: Sequence[dict] = ()) -> list[dict]:
     """The issue's targets against this run: one row per target and workload measured.
-    Radix against block-hash is the median of the round-by-round ratios when there are
-    several rounds (with their range): the two serve the same work, and neighbouring runs
-    share the machine's mood, where best-of-rounds compares two different moments."""
+    A throughput ratio is the median of the round-by-round ratios when there are several
+    rounds (with their range): neighbouring runs share the machine's mood, where
+    best-of-rounds compares two different moments."""
     by = {(r["workload"], r["config"]): r for r in rows}
     out = []
 
@@ -331,6 +331,14 @@ def check_targets(rows: Sequence[dict], sweep: Sequence[dict] = ()) -> list[dict
             }
         )
 
+    def add_speedup(target: str, workload: str, slow: dict, fast: dict, goal: float) -> None:
+        ratios = paired_ratios(slow, fast)
+        if len(ratios) > 1:
+            spread = f"{min(ratios):.2f} to {max(ratios):.2f} ({len(ratios)} rounds)"
+            add(target, workload, median(ratios), goal, spread)
+        else:
+            add(target, workload, slow["seconds"] / fast["seconds"], goal)
+
     for (workload, config), r in by.items():
         if config != "radix-lpm":
             continue
@@ -340,9 +348,9 @@ def check_targets(rows: Sequence[dict], sweep: Sequence[dict] = ()) -> list[dict
         block = by.get((workload, "block-hash-fcfs"))
         if workload in ("shared-system-prompt", "few-shot"):
             if off:
-                add("throughput / cache off", workload, off["seconds"] / r["seconds"], 3.0)
+                add_speedup("throughput / cache off", workload, off, r, 3.0)
             if hf:
-                add("throughput / transformers", workload, hf["seconds"] / r["seconds"], 5.0)
+                add_speedup("throughput / transformers", workload, hf, r, 5.0)
         if block:
             # The work each does, which the machine's noise cannot blur.
             add(
@@ -351,18 +359,13 @@ def check_targets(rows: Sequence[dict], sweep: Sequence[dict] = ()) -> list[dict
                 block["prefill_tokens"] / max(r["prefill_tokens"], 1),
                 1.0,
             )
-            ratios = paired_ratios(block, r)
-            if len(ratios) > 1:
-                spread = f"{min(ratios):.2f} to {max(ratios):.2f} ({len(ratios)} rounds)"
-                add("throughput / block-hash-fcfs", workload, median(ratios), 1.0, spread)
-            else:
-                add("throughput / block-hash-fcfs", workload, block["seconds"] / r["seconds"], 1.0)
+            add_speedup("throughput / block-hash-fcfs", workload, block, r, 1.0)
         torch_attention = by.get((workload, "radix-lpm-torch"))
         if workload == "shared-system-prompt" and torch_attention:
             ratio = r["decode_tok_s"] / torch_attention["decode_tok_s"]
             add("decode tok/s / torch attention", workload, ratio, 2.0)
         if workload == "no-sharing" and off:
-            add("throughput / cache off (control)", workload, off["seconds"] / r["seconds"], 0.98)
+            add_speedup("throughput / cache off (control)", workload, off, r, 0.98)
     points = {(r["workload"], r["kv_tokens"], r["config"]): r for r in sweep}
     for (workload, kv_tokens, config), r in points.items():
         block = points.get((workload, kv_tokens, "block-hash-fcfs"))
