@@ -1,7 +1,8 @@
 """Orders the waiting queue.
 
 ``dfs-weight`` walks the tree depth first, entering heavier subtrees (more waiting requests
-below) first, and admits requests in that order, so requests under one prefix run together.
+below) first, and admits requests in that order, deepest matches before shallower ones, so
+requests under one prefix run together.
 ``lpm`` admits the request with the longest cached prefix first so shared prefixes stay hot,
 with aging: each second of waiting counts as ``aging`` cached tokens, so a request that shares
 nothing is not starved behind an endless stream of hits (plain LPM gives such requests
@@ -57,10 +58,17 @@ def _dfs_weight(waiting: list[Req], nodes: dict[Req, object]) -> list[Req]:
             if weight[node] == 1:
                 (children[parent] if parent is not None else roots).append(node)
             node = parent
+    # Post-order: a node's own requests come after its subtree's, so the longest matches
+    # under a prefix go first and requests matching nothing go last. (Pre-order admitted
+    # the cold ones first; under memory pressure they evicted the prefixes the rest were
+    # about to reuse: tree-of-thought at a quarter of its distinct tokens hit 34%, not 68%.)
     order: list[Req] = []
-    stack = sorted(roots, key=lambda n: weight[n])
+    stack = [(node, False) for node in sorted(roots, key=lambda n: weight[n])]
     while stack:
-        node = stack.pop()
-        order += ending[node]
-        stack += sorted(children[node], key=lambda n: weight[n])
+        node, expanded = stack.pop()
+        if expanded:
+            order += ending[node]
+            continue
+        stack.append((node, True))
+        stack += [(child, False) for child in sorted(children[node], key=lambda n: weight[n])]
     return order

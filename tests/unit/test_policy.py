@@ -56,4 +56,6 @@ def test_dfs_weight_keeps_requests_under_one_prefix_together():
     for pair in (("r1.0", "r4.0"), ("r2.0", "r3.0")):
         i, j = got.index(pair[0]), got.index(pair[1])
         assert abs(i - j) == 1
-    assert got[-1] == "r0.0" or got[0] == "r0.0"
+    # Deeper matches first under a prefix, and the request matching nothing last.
+    assert got.index("r2.0") < got.index("r3.0")
+    assert got[-1] == "r0.0"
