@@ -15,6 +15,7 @@ from torch import nn
 
 from radixserve.attention import AttentionBackend, ForwardBatch
 from radixserve.model.config import ModelConfig
+from radixserve.model.linear import Linear, linear
 from radixserve.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -40,10 +41,10 @@ class Attention(nn.Module):
             cfg.num_kv_heads,
             cfg.head_dim,
         )
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_proj = Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -70,9 +71,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -116,7 +117,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = DecoderStack(cfg)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         with torch.device("cpu"):  # real frequencies even when the model is built on "meta"
             self.rotary = RotaryEmbedding(hf_config, cfg.head_dim)
 
@@ -135,6 +136,6 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos_sin, batch, backend)
         last_index = torch.cumsum(torch.tensor(batch.extend_lens, device=x.device), 0) - 1
         if batch.return_all_logits:
-            every = F.linear(self.model.norm(x), self.output_weight).float()
+            every = linear(self.model.norm(x), self.output_weight).float()
             return Logits(every[last_index], every)
-        return Logits(F.linear(self.model.norm(x[last_index]), self.output_weight).float())
+        return Logits(linear(self.model.norm(x[last_index]), self.output_weight).float())
