@@ -1,5 +1,5 @@
-"""Native CPU kernels: paged attention read in place from the KV pool, and the radix tree's
-edge comparison.
+"""Native CPU kernels: paged attention read in place from the KV pool, the radix tree's edge
+comparison, and linear layers for the few rows of a decode step.
 
 The C++ sources sit beside this file and are compiled on first use with torch's extension
 loader (cached under ``~/.cache/torch_extensions``, rebuilt when a source changes). Nothing
@@ -19,7 +19,7 @@ from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("bindings.cpp", "paged_attention.cpp", "prefix_match.cpp")
+SOURCES = ("bindings.cpp", "linear_rows.cpp", "paged_attention.cpp", "prefix_match.cpp")
 DISABLE_ENV = "RADIXSERVE_NATIVE"
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp"]
 

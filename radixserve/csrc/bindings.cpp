@@ -1,6 +1,7 @@
 // Python bindings: tensors and bytes in, raw pointers to the kernels.
 #include <torch/extension.h>
 
+#include "linear_rows.h"
 #include "paged_attention.h"
 
 namespace {
@@ -61,6 +62,28 @@ std::vector<torch::Tensor> paged_attention(torch::Tensor q, torch::Tensor k_pool
   return {out, lse};
 }
 
+// x [rows, in] (any float dtype) times w [out, in] (float32 or bfloat16)^T: [rows, out] float32.
+torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
+              "x must be [rows, in] and w [out, in]");
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "the native kernels run on CPU");
+  TORCH_CHECK(w.is_contiguous(), "w must be contiguous");
+  auto xf = x.to(torch::kFloat32).contiguous();
+  auto y = torch::empty({x.size(0), w.size(0)}, xf.options());
+  pybind11::gil_scoped_release no_gil;
+  if (w.dtype() == torch::kFloat32) {
+    radixserve::linear_rows(xf.data_ptr<float>(), x.size(0), x.size(1), w.data_ptr<float>(),
+                            w.size(0), y.data_ptr<float>());
+  } else if (w.dtype() == torch::kBFloat16) {
+    radixserve::linear_rows(xf.data_ptr<float>(), x.size(0), x.size(1),
+                            reinterpret_cast<const uint16_t*>(w.data_ptr()), w.size(0),
+                            y.data_ptr<float>());
+  } else {
+    TORCH_CHECK(false, "linear_rows reads float32 or bfloat16 weights, not ", w.dtype());
+  }
+  return y;
+}
+
 // Bytes of key[pos:] and edge that agree, in whole tokens of `unit` bytes.
 int64_t matching_prefix(const pybind11::bytes& key, int64_t pos, const pybind11::bytes& edge,
                         int64_t unit) {
@@ -77,5 +100,6 @@ int64_t matching_prefix(const pybind11::bytes& key, int64_t pos, const pybind11:
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "Paged attention over the KV pool by plan");
+  m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x, float32 out");
   m.def("matching_prefix", &matching_prefix, "Agreeing bytes of key[pos:] and edge");
 }

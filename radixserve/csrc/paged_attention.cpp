@@ -7,8 +7,9 @@
 // transposed output. So K/V rows are read straight from the pool, once per item, with no
 // gather, no transpose of K and no horizontal sums; the softmax is online (running max and
 // sum per lane). Written with the compiler's vector extensions, so it builds for any x86 or
-// ARM target and uses its widest float vectors up to 256 bits.
+// ARM target and uses its widest float vectors up to 256 bits (see vec.h).
 #include "paged_attention.h"
+#include "vec.h"
 
 #include <ATen/Parallel.h>
 
@@ -35,37 +36,7 @@ constexpr int64_t kAhead = 32;  // keys between a prefetch and its use
 constexpr float kNone = -1e30f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-typedef float f8 __attribute__((vector_size(32)));
-typedef int32_t i8 __attribute__((vector_size(32)));
-
-inline float to_float(float x) { return x; }
-
-inline float to_float(uint16_t x) {
-  const uint32_t bits = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-inline f8 splat(float x) { return f8{} + x; }
-
 inline f8 vmax(f8 a, f8 b) { return a > b ? a : b; }
-
-// An unaligned 8-float load from a K/V row.
-typedef float f8u __attribute__((vector_size(32), aligned(4), may_alias));
-inline f8 load8(const float* p) { return *reinterpret_cast<const f8u*>(p); }
-
-// Eight bfloat16 values widened to float: each is the top half of a float's bits.
-typedef uint16_t u16x8 __attribute__((vector_size(16), aligned(2), may_alias));
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
-inline f8 load8(const uint16_t* p) {
-  const u32x8 bits = __builtin_convertvector(*reinterpret_cast<const u16x8*>(p), u32x8) << 16;
-  f8 f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-inline float hsum(f8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
 // Lane j of the result: the sum of a[j]'s lanes.
 inline f8 hsum8(const f8* a) {
