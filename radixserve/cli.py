@@ -118,6 +118,8 @@ def _bench_kernels(args: argparse.Namespace) -> int:
             cascade_batch=4,
             cascade_prefix=300,
             cascade_suffix=8,
+            linear_rows=(1, 5),
+            linear_layers=2,
             matcher_tree_tokens=20_000,
             matcher_hit=1024,
             reps=1,
@@ -143,6 +145,21 @@ def _bench_kernels(args: argparse.Namespace) -> int:
             ("read_gb_s", "read GB/s"),
             ("gemm_ms", "dense GEMM ms"),
             ("gemm_ceiling", "plain / GEMM"),
+        ],
+    )
+    print_table(
+        f"linear layers of {cfg.preset} at a few rows (speedup: over torch's faster way)",
+        out["linear"],
+        [
+            ("dtype", "dtype"),
+            ("case", "case"),
+            ("torch_ms", "F.linear ms"),
+            ("weight_first_ms", "weight-first ms"),
+            ("native_ms", "native ms"),
+            ("speedup", "speedup"),
+            ("gflop_s", "native GFLOP/s"),
+            ("read_limit_ms", "read limit ms"),
+            ("of_read_limit", "x read limit"),
         ],
     )
     print_table(

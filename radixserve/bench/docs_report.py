@@ -212,6 +212,22 @@ SECTIONS = (
         image="bench_kernels.png",
         extra=(
             (
+                "linear",
+                "Linear layers at a few rows (a decode step's projections, every layer)",
+                (
+                    ("dtype", "dtype", _plain),
+                    ("case", "case", _plain),
+                    ("weight_mb", "weights MB", _num(0)),
+                    ("torch_ms", "F.linear ms", _num(1)),
+                    ("weight_first_ms", "weight-first ms", _num(1)),
+                    ("native_ms", "native ms", _num(1)),
+                    ("speedup", "speedup", _times),
+                    ("gflop_s", "native GFLOP/s", _num(1)),
+                    ("read_limit_ms", "read limit ms", _num(1)),
+                    ("of_read_limit", "x read limit", _num(2)),
+                ),
+            ),
+            (
                 "matcher",
                 "The radix tree's walk, p50",
                 (

@@ -11,6 +11,9 @@ spell of the shared machine slows the limits too.
 The cascade case also times its shared-prefix arithmetic as dense GEMMs in torch, the
 ceiling for what computing the prefix once can gain when it stays in cache.
 The tree's edge matcher is timed on a ~10^6-token tree with and without the native scan.
+The few-row linear kernel runs a decode step's projections over every decoder layer (so the
+weights are read from memory, as in a real step) against torch's GEMM, both ways round, and
+against the time to read the weights once.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from radixserve.attention import (
     ExtendRequest,
@@ -31,6 +35,7 @@ from radixserve.attention import (
     TorchAttentionBackend,
 )
 from radixserve.cache.tokens import encode_tokens
+from radixserve.csrc import load_native
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model.presets import preset_hf_config
 
@@ -48,6 +53,8 @@ class KernelBenchConfig:
     cascade_batch: int = 32
     cascade_prefix: int = 2048
     cascade_suffix: int = 64
+    linear_rows: tuple[int, ...] = (1, 8, 16, 32)
+    linear_layers: int | None = None  # decoder layers' weights to run over (None: the model's)
     matcher_tree_tokens: int = 1_000_000
     matcher_hit: int = 4096
     page_size: int = 16
@@ -57,7 +64,7 @@ class KernelBenchConfig:
 
 def num_steps(cfg: KernelBenchConfig) -> int:
     attention = len(cfg.batches) * len(cfg.contexts) + len(cfg.extends) + 1
-    return attention * len(cfg.dtypes) + 1
+    return (attention + len(cfg.linear_rows)) * len(cfg.dtypes) + 1
 
 
 def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dict:
@@ -77,6 +84,9 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dic
             step(f"extend {dtype} {batch}x({prefix}+{new})")
         rows.append(shape.cascade(probe, cfg))
         step(f"cascade {dtype}")
+    linear = []
+    for dtype in cfg.dtypes:
+        linear += linear_rows_bench(hf, _DTYPES[dtype], probe, cfg, step)
     matcher = matcher_rows(cfg)
     step("matcher")
     bandwidth = float(np.median([r["bandwidth_gb_s"] for r in rows]))
@@ -86,6 +96,7 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dic
         "bandwidth_gb_s": bandwidth,
         "read_gb_s": read,
         "rows": rows,
+        "linear": linear,
         "matcher": matcher,
         "targets": targets,
     }
@@ -260,6 +271,59 @@ def _time(call: Callable[[], object]) -> float:
     start = time.perf_counter()
     call()
     return time.perf_counter() - start
+
+
+def linear_rows_bench(
+    hf, dtype: torch.dtype, probe: _BandwidthProbe, cfg: KernelBenchConfig, step
+) -> list[dict]:
+    """A decode step's projections (q, k, v, o, gate, up, down of every decoder layer) at a
+    few rows: torch's ``F.linear``, the weight-first ``(W @ x.T).T`` (float32 only, where the
+    model uses it without the native module) and the native kernel, alternately, against
+    the time to read the weights once at the sum probe's bandwidth."""
+    h, inter = hf.hidden_size, hf.intermediate_size
+    head_dim = getattr(hf, "head_dim", None) or h // hf.num_attention_heads
+    q, kv = hf.num_attention_heads * head_dim, hf.num_key_value_heads * head_dim
+    shapes = [(q, h), (kv, h), (kv, h), (h, q), (inter, h), (inter, h), (h, inter)]
+    layers = cfg.linear_layers or hf.num_hidden_layers
+    g = torch.Generator().manual_seed(cfg.seed)
+    weights = [torch.randn(o, i, generator=g).to(dtype) for _ in range(layers) for o, i in shapes]
+    nbytes = sum(w.numel() for w in weights) * dtype.itemsize
+    kernels = load_native()
+    rows = []
+    for n in cfg.linear_rows:
+        inputs = {i: torch.randn(n, i, generator=g).to(dtype) for i in {h, q, inter}}
+
+        def over_layers(fn, inputs=inputs):
+            return lambda: [fn(inputs[w.shape[1]], w) for w in weights]
+
+        calls = {
+            "torch": over_layers(F.linear),
+            "native": over_layers(kernels.linear_rows),
+            "read": probe.read,
+        }
+        if dtype == torch.float32:
+            calls["weight_first"] = over_layers(lambda x, w: (w @ x.t()).t().contiguous())
+        times = _alternate(calls, cfg.reps)
+        read_limit = nbytes / probe.bandwidth(times["read"])
+        flops = 2 * n * nbytes / dtype.itemsize
+        row = {
+            "kernel": "linear",
+            "dtype": str(dtype).removeprefix("torch."),
+            "case": f"{n} rows x {layers} layers",
+            "weight_mb": nbytes / 1e6,
+            "torch_ms": times["torch"] * 1e3,
+            "native_ms": times["native"] * 1e3,
+            "speedup": min(times["torch"], times.get("weight_first", np.inf)) / times["native"],
+            "gflop_s": flops / times["native"] / 1e9,
+            "read_limit_ms": read_limit * 1e3,
+            "of_read_limit": times["native"] / read_limit,
+            "read_gb_s": probe.bandwidth(times["read"]) / 1e9,
+        }
+        if "weight_first" in times:
+            row["weight_first_ms"] = times["weight_first"] * 1e3
+        rows.append(row)
+        step(f"linear {rows[-1]['dtype']} {n} rows")
+    return rows
 
 
 def matcher_rows(cfg: KernelBenchConfig) -> list[dict]:

@@ -174,6 +174,9 @@ def test_bench_kernels_command_writes_json_and_plot(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert {r["kernel"] for r in data["rows"]} == {"decode", "extend", "cascade"}
     assert len(data["matcher"]) == 2
+    assert [r["case"] for r in data["linear"]] == ["1 rows x 2 layers", "5 rows x 2 layers"]
+    for r in data["linear"]:
+        assert r["native_ms"] > 0 and r["weight_first_ms"] > 0 and r["of_read_limit"] > 0
     for r in data["rows"]:
         if r["kernel"] in ("decode", "extend"):
             assert r["torch_ms"] > 0 and r["native_ms"] > 0 and r["limit_ms"] > 0
