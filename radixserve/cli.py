@@ -169,6 +169,7 @@ def _bench_kernels(args: argparse.Namespace) -> int:
             ("case", "case"),
             ("python_walk_us", "Python walk"),
             ("native_walk_us", "with native scan"),
+            ("cold_key_walk_us", "native, key cold"),
             ("match_prefix_us", "whole match_prefix"),
         ],
     )

@@ -234,6 +234,7 @@ SECTIONS = (
                     ("case", "case", _plain),
                     ("python_walk_us", "Python walk µs", _num(1)),
                     ("native_walk_us", "with the native scan µs", _num(1)),
+                    ("cold_key_walk_us", "native, key cold µs", _num(1)),
                     ("match_prefix_us", "whole match_prefix µs", _num(1)),
                 ),
             ),
