@@ -24,6 +24,7 @@ namespace {
 // 15 of AVX2's 16 vector registers.
 constexpr int kBlock = 3;
 constexpr int kRowsMax = 4;
+constexpr int64_t kRowChunk = 64;
 constexpr int64_t kLine = 64;
 
 // Lines of memory handed to the prefetcher one per `every` vector steps.
@@ -85,21 +86,27 @@ template <typename W>
 void linear_rows(const float* x, int64_t rows, int64_t in, const W* w, int64_t out, float* y) {
   const int64_t blocks = out / kBlock;
   const int64_t block_bytes = kBlock * in * int64_t(sizeof(W));
-  // Vector steps spent on one block, over the lines of the next one to fetch meanwhile.
-  const int64_t steps = (rows + kRowsMax - 1) / kRowsMax * (in / 8);
-  const int64_t every = std::max<int64_t>(1, steps / std::max<int64_t>(1, block_bytes / kLine));
   const char* w_end = reinterpret_cast<const char*>(w + out * in);
-  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const W* wb = w + b * kBlock * in;
-      const char* next = reinterpret_cast<const char*>(wb + kBlock * in);
-      Prefetch pf{next, std::min(next + block_bytes, w_end), every};
-      block<W, kBlock>(x, rows, in, wb, y + b * kBlock, out, pf);
+  // Many rows go kRowChunk at a time, so the rows a weight block meets stay in L2.
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowChunk) {
+    const int64_t n = std::min(kRowChunk, rows - r0);
+    const float* xc = x + r0 * in;
+    float* yc = y + r0 * out;
+    // Vector steps spent on one block, over the lines of the next one to fetch meanwhile.
+    const int64_t steps = (n + kRowsMax - 1) / kRowsMax * (in / 8);
+    const int64_t every = std::max<int64_t>(1, steps / std::max<int64_t>(1, block_bytes / kLine));
+    at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const W* wb = w + b * kBlock * in;
+        const char* next = reinterpret_cast<const char*>(wb + kBlock * in);
+        Prefetch pf{next, std::min(next + block_bytes, w_end), every};
+        block<W, kBlock>(xc, n, in, wb, yc + b * kBlock, out, pf);
+      }
+    });
+    for (int64_t j = blocks * kBlock; j < out; ++j) {  // the last out % kBlock weight rows
+      Prefetch none{nullptr, nullptr, 1};
+      block<W, 1>(xc, n, in, w + j * in, yc + j, out, none);
     }
-  });
-  for (int64_t j = blocks * kBlock; j < out; ++j) {  // the last out % kBlock weight rows
-    Prefetch none{nullptr, nullptr, 1};
-    block<W, 1>(x, rows, in, w + j * in, y + j, out, none);
   }
 }
 

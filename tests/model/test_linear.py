@@ -23,7 +23,7 @@ def test_linear_matches_torch_at_any_row_count(rows, bias):
     torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("rows", [1, 5, NATIVE_ROWS, 64])
+@pytest.mark.parametrize("rows", [1, 5, NATIVE_ROWS, 64, 300])
 def test_bfloat16_rows_match_torch_within_rounding(rows):
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 64, generator=g).bfloat16()
@@ -69,7 +69,9 @@ def test_decode_rows_take_the_native_kernel(monkeypatch):
     w = torch.randn(16, 8)
     for rows in (3, NATIVE_ROWS, NATIVE_ROWS + 1):
         linear(torch.randn(rows, 8), w)
-    assert calls == [3, NATIVE_ROWS]
+    assert calls == [3, NATIVE_ROWS]  # float32: few rows only
+    linear(torch.randn(500, 8).bfloat16(), w.bfloat16())
+    assert calls[-1] == 500  # bfloat16: any number of rows
 
 
 def test_without_native_kernels_few_rows_still_match(monkeypatch):
@@ -97,3 +99,14 @@ def test_linear_module_keeps_nn_linear_parameter_names():
     x = torch.randn(3, 8)
     with torch.inference_mode():
         torch.testing.assert_close(layer(x), ref(x))
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_kernel_across_row_chunks(dtype):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(64 * 2 + 5, 40, generator=g)
+    w = torch.randn(23, 40, generator=g).to(dtype)
+    torch.testing.assert_close(
+        load_native().linear_rows(x, w), F.linear(x, w.float()), rtol=1e-5, atol=1e-4
+    )
