@@ -162,12 +162,19 @@ def shared_system_prompt(t: _Tokens, s: float, out: int) -> Workload:
 
 
 def tree_of_thought(t: _Tokens, s: float, out: int) -> Workload:
-    reqs = []
+    levels: list[list[np.ndarray]] = [[], []]
     for _ in range(int(4 * s)):
         frontier = [t(200)]
-        for level in range(1, 3):
+        for level in levels:
             frontier = [t.cat(node, t(40)) for node in frontier for _ in range(3)]
-            reqs += [ServingRequest(p, out, wave=level - 1) for p in frontier]
+            level += frontier
+    # The questions are independent programs running at once: a level's branches arrive
+    # interleaved across questions, not grouped by question.
+    reqs = [
+        ServingRequest(level[i], out, wave=w)
+        for w, level in enumerate(levels)
+        for i in t.rng.permutation(len(level)).tolist()
+    ]
     return Workload("tree-of-thought", "questions branching 3 ways, 2 levels deep", reqs)
 
 
