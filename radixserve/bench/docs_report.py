@@ -254,8 +254,7 @@ SECTIONS = (
         "serving_native",
         "Native against torch attention, end to end — `radixserve bench serving`",
         "radixserve bench serving --workload shared-system-prompt --configs radix-lpm "
-        "radix-lpm-torch --scale 4 --max-tokens 16 --rounds 2 "
-        "--json docs/bench_serving_native.json",
+        "radix-lpm-torch --max-tokens 16 --rounds 3 --json docs/bench_serving_native.json",
         (
             ("workload", "workload", _plain),
             ("config", "configuration", _plain),
