@@ -398,10 +398,11 @@ def check_targets(rows: list[dict]) -> list[dict]:
     for r in rows:
         if r["kernel"] == "decode" and r["case"] == "32 x 2048":
             out.append(_target(f"decode {r['dtype']} 32x2k vs torch", r["speedup"], "decode"))
-            for key, limit in (("of_limit", "copy"), ("of_read_limit", "read")):
+            # The limit is the copy bandwidth's; the read-only one is stricter, ours.
+            for key, limit in (("of_limit", "copy"), ("of_read_limit", "read (stricter)")):
                 out.append(
                     _target(
-                        f"decode {r['dtype']} 32x2k time / {limit}-bandwidth limit",
+                        f"decode {r['dtype']} 32x2k time / {limit} bandwidth limit",
                         r[key],
                         "decode_of_limit",
                         below=True,

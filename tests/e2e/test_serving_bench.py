@@ -91,6 +91,15 @@ def test_radix_and_block_hash_are_compared_round_by_round():
     (target,) = [t for t in check_targets(rows) if t["target"] == "throughput / block-hash-fcfs"]
     assert target["measured"] == pytest.approx(1.0)  # median of 1.1, 1.0, 0.909
     assert target["rounds"] == "0.91 to 1.10 (3 rounds)"
+    rows[1]["round_seconds"] = [1.0, 1.9, 1.0]  # slower in the median
+    (target,) = [t for t in check_targets(rows) if t["target"] == "throughput / block-hash-fcfs"]
+    assert target["met"] == "no"  # radix prefilled fewer tokens: no excuse
+    rows[1]["prefill_tokens"] = 100
+    (target,) = [t for t in check_targets(rows) if t["target"] == "throughput / block-hash-fcfs"]
+    assert target["met"] == "tie (same work)"  # same work, rounds either side of 1.0
+    rows[1]["round_seconds"] = [0.9, 1.9, 1.0]  # every round at or below 1.0: a loss
+    (target,) = [t for t in check_targets(rows) if t["target"] == "throughput / block-hash-fcfs"]
+    assert target["met"] == "no"
     rows[1]["round_seconds"] = [1.2]  # a single round: best against best
     (target,) = [t for t in check_targets(rows) if t["target"] == "throughput / block-hash-fcfs"]
     assert target["measured"] == pytest.approx(1.0) and target["rounds"] == ""
