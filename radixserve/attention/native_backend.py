@@ -26,12 +26,17 @@ SELF_ATTENTION_MIN_LEN = 1024
 # plain kernel too): below ~4 vectors of 8 queries per KV head the merge and the extra
 # items cost what the shared block saves (measured: 8 requests x 3 heads lose 10-25%).
 CASCADE_MIN_QUERIES = 32
+# For the same reason a member that already fills a vector on its own gains nothing: the
+# group only adds the merge (tree-of-thought's 36 x 40-token extend over 240 shared tokens
+# took 1.37x as long grouped). So groups are for decode-like members, one vector at most.
+CASCADE_MAX_MEMBER_QUERIES = 8
 
 
 class NativeAttentionBackend(AttentionBackend):
     name = "native"
     uses_prefix_groups = True
     cascade_min_queries = CASCADE_MIN_QUERIES
+    cascade_max_member_queries = CASCADE_MAX_MEMBER_QUERIES
 
     def __init__(
         self, kv_pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, scale: float
@@ -60,6 +65,8 @@ class NativeAttentionBackend(AttentionBackend):
             for g in batch.prefix_groups
             if sum(batch.extend_lens[i] for i in g.members) * group_heads
             >= self.cascade_min_queries
+            and max(batch.extend_lens[i] for i in g.members) * group_heads
+            <= self.cascade_max_member_queries
         ]
         slots = batch.kv_slots.numpy() if groups else None
         batch.attn_metadata = plan_attention(batch.seq_lens, batch.extend_lens, slots, groups)

@@ -53,6 +53,8 @@ def test_cascade_equals_plain(shared_lens, members, private, extend, kv_heads, g
     pool.k[0].normal_()
     pool.v[0].normal_()
     backend = NativeAttentionBackend(pool, heads, kv_heads, head_dim, head_dim**-0.5)
+    # the kernel's cascade path for every group, whatever the backend's policy would pick
+    backend.cascade_min_queries, backend.cascade_max_member_queries = 1, 10**9
     n = sum(len(r.new_ids) for r in requests)
     q = torch.randn(n, heads, head_dim).to(dtype)
     plain = ForwardBatch.create(requests, 1)
@@ -62,7 +64,7 @@ def test_cascade_equals_plain(shared_lens, members, private, extend, kv_heads, g
         backend.prepare(batch)
         outs.append(backend.attend(0, q, batch.kv_slots, batch.attn_metadata))
     (o1, lse1), (o2, lse2) = outs
-    assert cascade.attn_metadata.num_rows > 0
+    assert cascade.attn_metadata.num_rows > plain.attn_metadata.num_rows  # shared rows too
     torch.testing.assert_close(o2, o1, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(lse2, lse1, atol=2e-5, rtol=1e-5)
 
@@ -83,3 +85,19 @@ def test_plan_refuses_false_groups():
         plan_attention(seq, ext, slots, [PrefixGroup(8, (0, 1)), PrefixGroup(8, (1, 2))])
     with pytest.raises(ValueError, match=">= 2 members"):
         plan_attention(seq, ext, slots, [PrefixGroup(8, (0,))])
+
+
+@pytest.mark.parametrize(("extend", "kept"), [(1, True), (2, True), (3, False), (40, False)])
+def test_groups_go_to_decode_like_members_only(extend, kept):
+    """A member with more than a vector of queries per KV head fills the plain kernel's
+    lanes itself; grouping it only adds the merge, so the backend drops such groups."""
+    rng = np.random.default_rng(0)
+    requests, groups = grouped_batch(rng, [256], [16], 10, extend)
+    pool = KVPool(1, 8192, 1, 3, 64, torch.float32)
+    backend = NativeAttentionBackend(pool, 9, 3, 64, 0.125)
+    plain = ForwardBatch.create(requests, 1)
+    grouped = ForwardBatch.create(requests, 1, prefix_groups=groups)
+    backend.prepare(plain)
+    backend.prepare(grouped)
+    more_rows = grouped.attn_metadata.num_rows > plain.attn_metadata.num_rows
+    assert more_rows == kept
