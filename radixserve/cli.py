@@ -370,8 +370,14 @@ def _demo(args: argparse.Namespace) -> int:
     from radixserve.bench.demo import DemoWorkload, print_results, run_demo
 
     work = DemoWorkload(users=args.users, turns=args.turns, max_new_tokens=args.max_new_tokens)
-    results = run_demo(args.model, work, page_size=args.page_size)
-    print_results(args.model, work, results)
+    options = dict(
+        page_size=args.page_size,
+        device=args.device,
+        dtype=args.dtype,
+        attention_backend=args.attention_backend,
+    )
+    results = run_demo(args.model, work, **options)
+    print_results(args.model, work, results, where=f"{args.device}, {args.dtype}")
     return 0
 
 
@@ -435,6 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
     full.add_argument("--turns", type=int, default=2)
     full.add_argument("--max-new-tokens", type=int, default=16)
     full.add_argument("--page-size", type=int, default=16)
+    full.add_argument("--device", default="cpu", help="cpu or cuda")
+    full.add_argument("--dtype", default="float32")
+    full.add_argument("--attention-backend", default="auto")
     full.set_defaults(func=_demo)
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")

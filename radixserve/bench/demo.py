@@ -100,11 +100,13 @@ def run_demo(model: str, work: DemoWorkload, **engine_options) -> list[RunResult
     return results
 
 
-def print_results(model: str, work: DemoWorkload, results: list[RunResult]) -> None:
+def print_results(
+    model: str, work: DemoWorkload, results: list[RunResult], where: str = "cpu, float32"
+) -> None:
     console = Console()
     console.print(
-        f"[bold]radixserve demo[/]: model {model}, {work.users} users x {work.turns} turns "
-        f"sharing one system prompt, {work.max_new_tokens} new tokens per reply"
+        f"[bold]radixserve demo[/]: model {model} ({where}), {work.users} users x "
+        f"{work.turns} turns sharing one system prompt, {work.max_new_tokens} new tokens per reply"
     )
     table = Table()
     for header in ("", "requests", "hit rate", "TTFT p50", "TTFT p99", "tok/s", "time", "speedup"):

@@ -19,10 +19,11 @@ pytestmark = [
 ]
 
 
+@pytest.mark.parametrize("preset", ["tiny", "bench-135m"])
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_flashinfer_agrees_with_torch(page_size, dtype):
-    loaded = load_model("tiny", dtype=dtype, device="cuda")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_flashinfer_agrees_with_torch(preset, page_size, dtype):
+    loaded = load_model(preset, dtype=getattr(torch, dtype), device="cuda")
     runners = {
         name: PagedRunner(loaded, page_size, num_slots=4096, backend=name, device="cuda")
         for name in ("torch", "flashinfer")
@@ -40,5 +41,6 @@ def test_flashinfer_agrees_with_torch(page_size, dtype):
         for token in (7, 8, 9):
             steps.append(runner.extend([(s, [token]) for s in seqs]).last)
         logits[name] = steps
+    tolerance = {"float16": 3e-2, "bfloat16": 6e-2}[dtype]
     for ours, ref in zip(logits["flashinfer"], logits["torch"], strict=True):
-        assert (ours - ref).abs().max().item() < 2e-2
+        assert (ours - ref).abs().max().item() < tolerance
