@@ -36,6 +36,14 @@ def _rounds(v: object) -> str:
     return "" if not v else " / ".join(f"{x:.2f}" for x in v)
 
 
+def _ms(v: object) -> str:
+    return "" if v is None else f"{1000 * v:.0f}"
+
+
+def _rounds_ms(v: object) -> str:
+    return "" if not v else " / ".join(_ms(x) for x in v)
+
+
 def _plain(v: object) -> str:
     return "" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
 
@@ -64,6 +72,7 @@ SERVING_COLUMNS = (
     ("prefill_tokens", "prefilled", _plain),
     ("dedup_ratio", "dedup", _num(2)),
     ("sched_ms_per_step", "sched ms/step", _num(2)),
+    ("engine_seconds", "engine ms", _ms),
     ("lookup_p50_us", "lookup p50 µs", _num(1)),
     ("lookup_p99_us", "p99 µs", _num(1)),
     ("ttft_reduction", "TTFT cut", _pct),
@@ -115,6 +124,8 @@ SECTIONS = (
             ("workload", "workload", _plain),
             ("config", "configuration", _plain),
             ("round_seconds", "seconds per round", _rounds),
+            ("round_engine_seconds", "engine ms per round", _rounds_ms),
+            ("batches", "batches (hash)", _plain),
             ("req_s", "req/s (best)", _num(2)),
             ("hit_rate", "hit rate", _pct),
             ("prefill_tokens", "prefilled", _plain),

@@ -120,6 +120,9 @@ def test_radix_and_block_hash_are_compared_round_by_round():
     assert same["target"] == "throughput / block-hash-fcfs, same batches"
     assert same["measured"] == pytest.approx(1.1)  # median of 1.0/0.9, 2.0/1.9, 1.1/1.0
     assert target["met"] == "yes (same batches, less engine time)"
+    rows[1]["round_engine_seconds"] = [0.2, 0.0, 0.05]  # engine time either side: a tie
+    (target, same) = [t for t in check_targets(rows) if t["target"].startswith("throughput / b")]
+    assert same["met"] == "tie (same batches)" and target["met"] == "no"
     rows[1]["batches"] = "other"  # different passes: the wall clock alone decides
     targets = check_targets(rows)
     assert not [t for t in targets if t["target"].endswith("same batches")]
