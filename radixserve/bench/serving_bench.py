@@ -123,7 +123,7 @@ class _Forwards:
         runner.forward, backend.prepare = timed_forward, hashed_prepare
 
         def detach() -> None:
-            del runner.forward, backend.prepare  # back to the class's methods
+            runner.forward, backend.prepare = forward, prepare
 
         return detach
 
