@@ -275,7 +275,6 @@ def run_serving_bench(
             work = make_workload(name, vocab, cfg.scale, cfg.max_tokens, cfg.seed)
             optimal[name] = work.optimal_hit_rate(cfg.page_size)
             best: dict[str, dict] = {}
-            seconds: dict[str, list[float]] = {}
             rounds: dict[str, list[dict]] = {}
             # Each workload starts from a different configuration, so none is always first.
             shift = index % len(cfg.configs)
@@ -284,7 +283,6 @@ def run_serving_bench(
                 for label in order if round_index % 2 == 0 else order[::-1]:
                     row = _run_one(label, engines, hf, work, cfg)
                     if row is not None:
-                        seconds.setdefault(label, []).append(row["seconds"])
                         rounds.setdefault(label, []).append(row)
                     if row is not None and (
                         label not in best or row["seconds"] < best[label]["seconds"]
@@ -293,7 +291,7 @@ def run_serving_bench(
                     step(f"{name}: {label}")
             off = best.get("off")
             for label, row in best.items():
-                row["round_seconds"] = seconds[label]
+                row["round_seconds"] = [r["seconds"] for r in rounds[label]]
                 if "engine_seconds" in row:  # the engine's rows, not the baselines'
                     row["round_engine_seconds"] = [r["engine_seconds"] for r in rounds[label]]
                     # one hash when every round ran the same batches (scheduling is seeded)
