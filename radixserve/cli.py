@@ -530,7 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--configs",
         nargs="+",
         default=["radix-lpm", "radix-fcfs", "block-hash-fcfs", "off", "transformers"],
-        help="radix-lpm radix-fcfs block-hash-fcfs off transformers vllm radix-lpm-torch",
+        help="radix-lpm radix-fcfs block-hash-fcfs off transformers vllm radix-lpm-torch "
+        "radix-lpm-twin",
     )
     serving.add_argument("--scale", type=float, default=1.0, help="multiplies request counts")
     serving.add_argument("--max-tokens", type=int, default=8)
