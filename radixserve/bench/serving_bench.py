@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from statistics import median
+from statistics import NormalDist, fmean, median, stdev
 
 import numpy as np
 import torch
@@ -366,11 +366,47 @@ def paired_ratios(slow: dict, fast: dict, key: str = "round_seconds") -> list[fl
     return [x / y for x, y in zip(a, b, strict=True)] if len(a) == len(b) else []
 
 
+def _t_quantile(p: float, df: int) -> float:
+    """Student's t quantile by the Cornish-Fisher expansion around the normal one
+    (Abramowitz & Stegun 26.7.5): within 1% from 2 degrees of freedom, 11% at 1."""
+    z = NormalDist().inv_cdf(p)
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+        + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * df**4)
+    )
+
+
+def ratio_interval(ratios: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """A confidence interval for the typical ratio of paired rounds (t on their logs, since
+    a ratio's noise multiplies): what the rounds can tell apart from 1.0 on this machine."""
+    logs = [float(np.log(r)) for r in ratios]
+    half = _t_quantile(0.5 + level / 2, len(logs) - 1) * stdev(logs) / len(logs) ** 0.5
+    return float(np.exp(fmean(logs) - half)), float(np.exp(fmean(logs) + half))
+
+
+def _spread(ratios: Sequence[float], digits: int) -> tuple[str, float, float]:
+    """The rounds' range and 95% interval, as the targets table shows them, and the interval
+    (a single round: the ratio itself)."""
+    if len(ratios) == 1:
+        return f"{ratios[0]:.{digits}f} (1 round)", ratios[0], ratios[0]
+    low, high = ratio_interval(ratios)
+    text = (
+        f"{min(ratios):.{digits}f} to {max(ratios):.{digits}f} ({len(ratios)} rounds; "
+        f"95% interval {low:.{digits}f} to {high:.{digits}f})"
+    )
+    return text, low, high
+
+
 def check_targets(rows: Sequence[dict], sweep: Sequence[dict] = ()) -> list[dict]:
     """The issue's targets against this run: one row per target and workload measured.
     A throughput ratio is the median of the round-by-round ratios when there are several
-    rounds (with their range): neighbouring runs share the machine's mood, where
-    best-of-rounds compares two different moments."""
+    rounds (with their range and a 95% interval): neighbouring runs share the machine's
+    mood, where best-of-rounds compares two different moments. Where both sides did the
+    same work, a ratio below its goal whose interval still holds the goal reads "tie": the
+    rounds cannot order the two."""
     by = {(r["workload"], r["config"]): r for r in rows}
     out = []
 
@@ -391,12 +427,10 @@ def check_targets(rows: Sequence[dict], sweep: Sequence[dict] = ()) -> list[dict
     ) -> None:
         ratios = paired_ratios(slow, fast)
         if len(ratios) > 1:
-            spread = f"{min(ratios):.2f} to {max(ratios):.2f} ({len(ratios)} rounds)"
+            spread, low, high = _spread(ratios, 2)
             add(target, workload, median(ratios), goal, spread)
-            if same_work and out[-1]["met"] == "no" and min(ratios) <= goal <= max(ratios):
-                # The same tokens computed, and rounds on both sides of the goal: the time
-                # cannot order the two, so the verdict says so rather than "no".
-                out[-1]["met"] = "tie (same work)"
+            if same_work and out[-1]["met"] == "no" and low <= goal <= high:
+                out[-1]["met"] = "tie (same work)"  # the same tokens computed
         else:
             add(target, workload, slow["seconds"] / fast["seconds"], goal)
 
@@ -418,9 +452,9 @@ def check_targets(rows: Sequence[dict], sweep: Sequence[dict] = ()) -> list[dict
             forward = (ts - es + tf - ef) / 2
             ratios.append((forward + es) / (forward + ef))
         throughput, goal = out[-1], out[-1]["goal"]
-        spread = f"{min(ratios):.3f} to {max(ratios):.3f} ({len(ratios)} rounds)"
+        spread, low, high = _spread(ratios, 3)
         add(f"{target}, same batches", workload, median(ratios), goal, spread)
-        if out[-1]["met"] == "no" and min(ratios) <= goal <= max(ratios):
+        if out[-1]["met"] == "no" and low <= goal <= high:
             out[-1]["met"] = "tie (same batches)"  # the engine's own time within its noise
         if out[-1]["met"] == "yes" and throughput["met"] != "yes":
             throughput["met"] = "yes (same batches, less engine time)"

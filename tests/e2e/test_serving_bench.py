@@ -2,10 +2,17 @@
 workload, the caches reach the optimal hit rate, and the command writes its outputs."""
 
 import json
+import math
 
 import pytest
 
-from radixserve.bench.serving_bench import ServingBenchConfig, check_targets, run_serving_bench
+from radixserve.bench.serving_bench import (
+    ServingBenchConfig,
+    _t_quantile,
+    check_targets,
+    ratio_interval,
+    run_serving_bench,
+)
 from radixserve.cli import main
 
 
@@ -102,14 +109,14 @@ def test_radix_and_block_hash_are_compared_round_by_round():
     assert work["measured"] == pytest.approx(1.2) and work["met"] == "yes"
     (target,) = [t for t in check_targets(rows) if t["target"] == "throughput / block-hash-fcfs"]
     assert target["measured"] == pytest.approx(1.0)  # median of 1.1, 1.0, 0.909
-    assert target["rounds"] == "0.91 to 1.10 (3 rounds)"
+    assert target["rounds"] == "0.91 to 1.10 (3 rounds; 95% interval 0.79 to 1.26)"
     rows[1]["round_seconds"] = [1.0, 1.9, 1.0]  # slower in the median
     (target,) = [t for t in check_targets(rows) if t["target"] == "throughput / block-hash-fcfs"]
     assert target["met"] == "no"  # radix prefilled fewer tokens: no excuse
     rows[1]["prefill_tokens"] = 100
     (target,) = [t for t in check_targets(rows) if t["target"] == "throughput / block-hash-fcfs"]
-    assert target["met"] == "tie (same work)"  # same work, rounds either side of 1.0
-    rows[1]["round_seconds"] = [0.9, 1.9, 1.0]  # every round at or below 1.0: a loss
+    assert target["met"] == "tie (same work)"  # same work; its interval holds 1.0
+    rows[1]["round_seconds"] = [0.9, 1.9, 1.0]  # every round behind, and consistently: a loss
     (target,) = [t for t in check_targets(rows) if t["target"] == "throughput / block-hash-fcfs"]
     assert target["met"] == "no"
     # The same batches, hashed, and block-hash spent more time around the forward passes:
@@ -129,6 +136,20 @@ def test_radix_and_block_hash_are_compared_round_by_round():
     rows[1]["round_seconds"] = [1.2]  # a single round: best against best
     (target,) = [t for t in check_targets(rows) if t["target"] == "throughput / block-hash-fcfs"]
     assert target["measured"] == pytest.approx(1.0) and target["rounds"] == ""
+
+
+def test_ratio_interval_is_students_t_on_the_logs():
+    # Student's t quantiles from the table: 4.303 (2 degrees of freedom), 2.262 (9)
+    assert _t_quantile(0.975, 2) == pytest.approx(4.303, rel=0.01)
+    assert _t_quantile(0.975, 9) == pytest.approx(2.262, rel=0.001)
+    low, high = ratio_interval([1.1, 1.0, 1 / 1.1])  # logs +-0.0953 around 0
+    half = 4.303 * 0.09531 / 3**0.5
+    assert low == pytest.approx(math.exp(-half), rel=0.01)
+    assert high == pytest.approx(math.exp(half), rel=0.01)
+    # All three rounds behind by 2-5%: three rounds cannot tell that from the noise here,
+    # thirty of the same can.
+    assert ratio_interval([0.95, 0.97, 0.98])[1] > 1.0
+    assert ratio_interval([0.95, 0.97, 0.98] * 10)[1] < 1.0
 
 
 def test_bench_serving_command_writes_json_and_plot(tmp_path, capsys):
