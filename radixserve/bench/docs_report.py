@@ -146,6 +146,23 @@ SECTIONS = (
         judge=_judge_serving,
     ),
     Section(
+        "serving_rag",
+        "rag, radix against block-hash over ten rounds — `radixserve bench serving --rounds 10`",
+        "radixserve bench serving --workload rag --configs radix-lpm block-hash-fcfs "
+        "--rounds 10 --json docs/bench_serving_rag.json",
+        (
+            ("workload", "workload", _plain),
+            ("config", "configuration", _plain),
+            ("round_seconds", "seconds per round", _rounds),
+            ("round_engine_seconds", "engine ms per round", _rounds_ms),
+            ("batches", "batches (hash)", _plain),
+            ("hit_rate", "hit rate", _pct),
+            ("prefill_tokens", "prefilled", _plain),
+        ),
+        extra=(SERVING_TARGETS_TABLE,),
+        judge=_judge_serving,
+    ),
+    Section(
         "serving_vllm",
         "Against vLLM — `radixserve bench serving --configs radix-lpm vllm`",
         "radixserve bench serving --workload few-shot shared-system-prompt multi-turn-chat rag "
