@@ -135,7 +135,12 @@ class Engine:
         sent = {"tokens": 0, "text": ""}
         while True:
             done = await queue.get()
-            text = req.text if done else _stable_text(req.text, req.params.stop)
+            # req.text is current once done or when it has stop strings (_check_finish);
+            # otherwise a stream decodes here, off the scheduler thread
+            live = done or req.params.stop
+            text = req.text if live else self._decode(req.output_ids[:])
+            if not done:
+                text = _stable_text(text, req.params.stop)
             chunk = {
                 "rid": req.rid,
                 "text": text[len(sent["text"]) :],
@@ -383,7 +388,8 @@ class Engine:
 
     def _check_finish(self, req: Req) -> None:
         p, token = req.params, req.output_ids[-1]
-        req.text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+        if p.stop:  # stop strings are looked for in the text, so it is decoded every token
+            req.text = self._decode(req.output_ids)
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             req.finish_reason, req.matched_stop = "stop", token
         elif p.stop and (hit := _first_stop(req.text, p.stop)) is not None:
@@ -394,7 +400,14 @@ class Engine:
         if req.finish_reason is not None:
             req.state = ReqState.FINISHED
 
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     def _finish(self, req: Req) -> None:
+        if not req.params.stop:
+            # Decoded once here rather than every token: decoding n tokens costs O(n), so
+            # every token would make a long generation quadratic on the scheduler thread.
+            req.text = self._decode(req.output_ids)
         req.finish_s = time.perf_counter()
         self._finished += 1
         self._generated += len(req.output_ids)

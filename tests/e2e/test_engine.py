@@ -217,9 +217,29 @@ def test_streaming_adds_up_to_the_final_text(engine, with_stop):
 
     chunks = asyncio.run(collect())
     assert "".join(c["text"] for c in chunks) == full["text"]
+    assert "".join(c["text"] for c in chunks[:-1])  # the text streams, not only at the end
     assert list(itertools.chain.from_iterable(c["token_ids"] for c in chunks)) == full["token_ids"]
     assert chunks[-1]["finished"]
     assert chunks[-1]["meta_info"]["completion_tokens"] == len(full["token_ids"])
+
+
+def test_text_is_decoded_once_unless_stop_strings_need_it_every_token(engine, monkeypatch):
+    # Decoding n tokens costs O(n): decoding every token would make long outputs quadratic.
+    calls = []
+    decode = engine.tokenizer.decode
+
+    def counting(ids, **kwargs):
+        calls.append(len(ids))
+        return decode(ids, **kwargs)
+
+    monkeypatch.setattr(engine.tokenizer, "decode", counting)
+    params = SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True)
+    out = engine.generate(input_ids=[7, 8, 9], sampling_params=params)
+    assert calls == [16] and out["text"] == decode(out["token_ids"], skip_special_tokens=True)
+    calls.clear()
+    stop = SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True, stop="\x00never")
+    assert engine.generate(input_ids=[7, 8, 9], sampling_params=stop)["text"] == out["text"]
+    assert calls == list(range(1, 17))  # a stop string is looked for after every token
 
 
 @pytest.mark.parametrize(
