@@ -98,6 +98,14 @@ SERVING_TARGET_COLUMNS = (
     ("rounds", "paired rounds (range; 95% interval)", _plain),
 )
 
+# every round of a configuration, for runs judged round by round
+SERVING_ROUND_COLUMNS = (
+    ("workload", "workload", _plain),
+    ("config", "configuration", _plain),
+    ("round_seconds", "seconds per round", _rounds),
+    ("round_engine_seconds", "engine ms per round", _rounds_ms),
+    ("batches", "batches (hash)", _plain),
+)
 SERVING_TARGETS_TABLE = ("targets", "Against the targets", SERVING_TARGET_COLUMNS)
 
 SECTIONS = (
@@ -131,11 +139,7 @@ SECTIONS = (
         "radixserve bench serving --configs radix-lpm radix-fcfs block-hash-fcfs --rounds 4 "
         "--json docs/bench_serving_pairs.json",
         (
-            ("workload", "workload", _plain),
-            ("config", "configuration", _plain),
-            ("round_seconds", "seconds per round", _rounds),
-            ("round_engine_seconds", "engine ms per round", _rounds_ms),
-            ("batches", "batches (hash)", _plain),
+            *SERVING_ROUND_COLUMNS,
             ("req_s", "req/s (best)", _num(2)),
             ("hit_rate", "hit rate", _pct),
             ("prefill_tokens", "prefilled", _plain),
@@ -151,11 +155,7 @@ SECTIONS = (
         "radixserve bench serving --workload rag --configs radix-lpm block-hash-fcfs "
         "--rounds 10 --json docs/bench_serving_rag.json",
         (
-            ("workload", "workload", _plain),
-            ("config", "configuration", _plain),
-            ("round_seconds", "seconds per round", _rounds),
-            ("round_engine_seconds", "engine ms per round", _rounds_ms),
-            ("batches", "batches (hash)", _plain),
+            *SERVING_ROUND_COLUMNS,
             ("hit_rate", "hit rate", _pct),
             ("prefill_tokens", "prefilled", _plain),
         ),
