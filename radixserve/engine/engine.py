@@ -8,10 +8,12 @@ command inbox and get results back through futures (``generate``) or asyncio que
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
@@ -65,6 +67,10 @@ class Engine:
         self._latency: deque[float] = deque(maxlen=10_000)
         self._thread = threading.Thread(target=self._loop, name="radixserve-scheduler", daemon=True)
         self._thread.start()
+        # A daemon thread still inside a native op when the interpreter finalizes aborts the
+        # process, so a script that never calls shutdown() stops the loop at exit.
+        self._at_exit = _shutdown_at_exit(weakref.ref(self))
+        atexit.register(self._at_exit)
 
     # ---- public API ----------------------------------------------------------------------
 
@@ -234,10 +240,12 @@ class Engine:
         self._on_loop(lambda: self.cache.check_invariants(self.scheduler.slots_held))
 
     def shutdown(self) -> None:
+        """Abort what is in flight and stop the scheduler thread; safe to call twice."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         self._thread.join()
+        atexit.unregister(self._at_exit)
 
     def __enter__(self) -> Engine:
         return self
@@ -446,6 +454,15 @@ class Engine:
             "token_ids": list(req.output_ids),
             "meta_info": meta,
         }
+
+
+def _shutdown_at_exit(ref: weakref.ref[Engine]) -> Callable[[], None]:
+    def stop() -> None:
+        engine = ref()
+        if engine is not None:
+            engine.shutdown()
+
+    return stop
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
