@@ -21,9 +21,8 @@ def serve(user_tokens: np.ndarray) -> None:
     fresh = allocator.alloc(len(prompt) - hit.length)
     # ... a model would compute K/V for prompt[hit.length:] into `fresh` here ...
     slots = np.concatenate([hit.slots, fresh])
-    cache.insert(prompt, slots[: len(prompt)])  # the tree adopts the new whole pages
-    aligned = len(prompt) - len(prompt) % PAGE
-    allocator.free(slots[aligned:])  # the unaligned tail stays ours to free
+    done = cache.insert(prompt, slots[: len(prompt)])  # the tree adopts the new whole pages
+    allocator.free(slots[done.match.length :])  # the unaligned tail stays ours to free
     cache.unlock(hit.node)
     print(f"prompt {len(prompt)} tokens, {hit.length} served from the cache")
 

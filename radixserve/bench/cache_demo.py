@@ -67,7 +67,8 @@ def run_demo(
         hit_tokens += hit
         request_hits += hit > 0
         n = len(req.sequence)
-        optimal_hits += min(len(req.prompt), optimal.insert(req.sequence, np.arange(n) + next_slot))
+        already = optimal.insert(req.sequence, np.arange(n) + next_slot).prefix_len
+        optimal_hits += min(len(req.prompt), already)
         next_slot += n
         latest[req.conversation] = len(req.sequence)
     return DemoResult(

@@ -27,9 +27,8 @@ def serve_without_model(cache: RadixCache, prompt: np.ndarray, output: np.ndarra
         cache.unlock(hit.node)
     # Slot regions: [0, hit) the tree's, [hit, len) freshly computed, then page padding.
     slots = np.concatenate([hit.slots, fresh])
-    already = cache.insert(sequence, slots[: len(sequence)])
-    aligned = len(sequence) - len(sequence) % cache.page_size
-    # Nothing evicted between match and insert, so `already == hit.length` unless the
+    done = cache.insert(sequence, slots[: len(sequence)])
+    # Nothing evicted between match and insert, so `prefix_len == hit.length` unless the
     # output itself was cached before; duplicates and the unaligned tail go back.
-    alloc.free(np.concatenate([slots[hit.length : already], slots[aligned:]]))
+    alloc.free(np.concatenate([slots[hit.length : done.prefix_len], slots[done.match.length :]]))
     return hit.length

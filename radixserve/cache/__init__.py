@@ -4,6 +4,7 @@ from radixserve.cache.base import (
     BasePrefixCache,
     CacheInvariantError,
     CacheStats,
+    InsertResult,
     Namespace,
     PrefixMatch,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "BlockHashCache",
     "CacheInvariantError",
     "CacheStats",
+    "InsertResult",
     "Namespace",
     "NoPrefixCache",
     "PrefixMatch",

@@ -38,6 +38,21 @@ class PrefixMatch:
 
 
 @dataclass(frozen=True)
+class InsertResult:
+    """What ``insert`` did to a sequence.
+
+    The cache now holds the sequence's first ``match.length`` tokens (page-aligned; ``match``
+    is what ``match_prefix`` would return for them). Of those, ``[0, prefix_len)`` were cached
+    before the call: the cache keeps its own slots there and the caller frees the duplicates
+    it passed. ``[prefix_len, match.length)`` adopted the caller's slots. Slots from
+    ``match.length`` on stay the caller's.
+    """
+
+    prefix_len: int
+    match: PrefixMatch
+
+
+@dataclass(frozen=True)
 class CacheStats:
     """Counters since the last ``reset``; tokens are counted in prompt tokens queried."""
 
@@ -72,6 +87,9 @@ class BasePrefixCache(ABC):
     """
 
     page_size: int
+    # Whether inserted prefixes can be matched later (the null cache's cannot): nothing is
+    # gained by holding a request back for a prefix that will not stay cached.
+    retains = True
 
     @abstractmethod
     def match_prefix(
@@ -85,18 +103,26 @@ class BasePrefixCache(ABC):
         """
 
     @abstractmethod
+    def peek_prefix(
+        self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None
+    ) -> tuple[int, object]:
+        """``(length, node)``: how many leading tokens ``match_prefix`` would match, and the
+        deepest index entry matched whole (an object with a ``parent``, or ``None``).
+
+        Changes nothing: no split, no recency refresh, no counters. For looking at many
+        waiting requests each step without disturbing what eviction sees.
+        """
+
+    @abstractmethod
     def insert(
         self,
         tokens: Sequence[int] | np.ndarray,
         slots: Sequence[int] | np.ndarray,
         namespace: Namespace = None,
-    ) -> int:
-        """Cache the page-aligned part of ``tokens`` whose KV lives in ``slots``.
+    ) -> InsertResult:
+        """Cache the page-aligned part of ``tokens`` whose KV lives in ``slots``; see
+        ``InsertResult`` for which slots end up where. Refreshes the path's recency.
 
-        Returns the length of the leading part whose slots stay with the caller: the tokens
-        that were already cached (the cache keeps its own slots there, the caller frees the
-        duplicates it passed) or, for a cache that keeps nothing, all of them. Slots of the
-        newly cached part pass to the cache; those of the unaligned tail stay the caller's.
         Raises ``ValueError`` with the cache unchanged when ``len(slots) != len(tokens)`` or
         the tokens are not non-negative ints.
         """

@@ -24,6 +24,7 @@ from radixserve.cache.base import (
     BasePrefixCache,
     CacheInvariantError,
     CacheStats,
+    InsertResult,
     Namespace,
     PrefixMatch,
 )
@@ -56,6 +57,13 @@ def root_hash(namespace: Namespace) -> bytes:
 
 def block_hash(parent_hash: bytes, tokens: bytes) -> bytes:
     return hashlib.sha256(parent_hash + tokens).digest()
+
+
+def _chain_match(blocks: list[Block]) -> PrefixMatch:
+    if not blocks:
+        return PrefixMatch(0, EMPTY_SLOTS, None)
+    slots = np.concatenate([b.slots for b in blocks])
+    return PrefixMatch(len(slots), slots, blocks[-1])
 
 
 class BlockHashCache(BasePrefixCache):
@@ -96,10 +104,7 @@ class BlockHashCache(BasePrefixCache):
 
     # ---- lookups and inserts -------------------------------------------------------------
 
-    def match_prefix(
-        self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None
-    ) -> PrefixMatch:
-        key = encode_tokens(tokens)
+    def _matched_blocks(self, key: bytes, namespace: Namespace) -> list[Block]:
         matched: list[Block] = []
         parent, pb = root_hash(namespace), self._page_bytes
         for start in range(0, len(key) - len(key) % pb, pb):
@@ -108,6 +113,19 @@ class BlockHashCache(BasePrefixCache):
             if block is None:
                 break
             matched.append(block)
+        return matched
+
+    def peek_prefix(
+        self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None
+    ) -> tuple[int, object]:
+        matched = self._matched_blocks(encode_tokens(tokens), namespace)
+        return len(matched) * self.page_size, matched[-1] if matched else None
+
+    def match_prefix(
+        self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None
+    ) -> PrefixMatch:
+        key = encode_tokens(tokens)
+        matched = self._matched_blocks(key, namespace)
         for block in reversed(matched):  # the chain's head ends most recent, its tail older
             if block.ref_count == 0:
                 self._free.move_to_end(block.block_hash)
@@ -115,18 +133,17 @@ class BlockHashCache(BasePrefixCache):
         c = self._counters
         c["lookups"] += 1
         c["queried_tokens"] += len(key) // TOKEN_BYTES
-        if not matched:
-            return PrefixMatch(0, EMPTY_SLOTS, None)
-        c["hit_lookups"] += 1
-        c["hit_tokens"] += length
-        return PrefixMatch(length, np.concatenate([b.slots for b in matched]), matched[-1])
+        if matched:
+            c["hit_lookups"] += 1
+            c["hit_tokens"] += length
+        return _chain_match(matched)
 
     def insert(
         self,
         tokens: Sequence[int] | np.ndarray,
         slots: Sequence[int] | np.ndarray,
         namespace: Namespace = None,
-    ) -> int:
+    ) -> InsertResult:
         key = encode_tokens(tokens)
         slots = check_slots(slots, len(key) // TOKEN_BYTES)
         chain = self._chain(key, namespace)
@@ -152,7 +169,8 @@ class BlockHashCache(BasePrefixCache):
             block = self._blocks[chain[i][0]]
             if block.ref_count == 0:
                 self._free.move_to_end(block.block_hash)
-        return already * page
+        blocks = [self._blocks[h] for h, _ in chain]
+        return InsertResult(already * page, _chain_match(blocks))
 
     # ---- locks ---------------------------------------------------------------------------
 

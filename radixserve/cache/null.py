@@ -10,6 +10,7 @@ from radixserve.cache.base import (
     BasePrefixCache,
     CacheInvariantError,
     CacheStats,
+    InsertResult,
     Namespace,
     PrefixMatch,
 )
@@ -21,6 +22,8 @@ _EMPTY = np.empty(0, dtype=np.int64)
 
 class NoPrefixCache(BasePrefixCache):
     """Every lookup misses and every insert leaves all slots with the caller."""
+
+    retains = False
 
     def __init__(self, page_size: int = 1, allocator: KVSlotAllocator | None = None) -> None:
         self.page_size = page_size
@@ -35,16 +38,21 @@ class NoPrefixCache(BasePrefixCache):
         self._queried_tokens += len(encode_tokens(tokens)) // TOKEN_BYTES
         return PrefixMatch(0, _EMPTY, None)
 
+    def peek_prefix(
+        self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None
+    ) -> tuple[int, object]:
+        return 0, None
+
     def insert(
         self,
         tokens: Sequence[int] | np.ndarray,
         slots: Sequence[int] | np.ndarray,
         namespace: Namespace = None,
-    ) -> int:
+    ) -> InsertResult:
         num_tokens = len(encode_tokens(tokens)) // TOKEN_BYTES
         if len(slots) != num_tokens:
             raise ValueError(f"got {len(slots)} slots for {num_tokens} tokens")
-        return num_tokens  # nothing is adopted: every slot stays the caller's
+        return InsertResult(0, PrefixMatch(0, _EMPTY, None))  # every slot stays the caller's
 
     def lock(self, node: object) -> None:
         pass

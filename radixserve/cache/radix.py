@@ -17,7 +17,13 @@ from collections.abc import Sequence
 import numpy as np
 from sortedcontainers import SortedDict
 
-from radixserve.cache.base import BasePrefixCache, CacheStats, Namespace, PrefixMatch
+from radixserve.cache.base import (
+    BasePrefixCache,
+    CacheStats,
+    InsertResult,
+    Namespace,
+    PrefixMatch,
+)
 from radixserve.cache.invariants import check_radix_invariants
 from radixserve.cache.shared_paths import group_shared_paths
 from radixserve.cache.slot_checks import (
@@ -92,16 +98,21 @@ class RadixCache(BasePrefixCache):
         if length:
             self._hit_lookups += 1
             self._hit_tokens += length
-            slots = path[0].slots if len(path) == 1 else np.concatenate([n.slots for n in path])
-            return PrefixMatch(length, slots, path[-1])
-        return PrefixMatch(0, EMPTY_SLOTS, self._roots.get(namespace, self._detached_root))
+        return self._path_match(path, namespace)
+
+    def peek_prefix(
+        self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None
+    ) -> tuple[int, object]:
+        path, matched, _ = self._walk(encode_tokens(tokens), namespace)
+        root = self._roots.get(namespace, self._detached_root)
+        return matched // TOKEN_BYTES, path[-1] if path else root
 
     def insert(
         self,
         tokens: Sequence[int] | np.ndarray,
         slots: Sequence[int] | np.ndarray,
         namespace: Namespace = None,
-    ) -> int:
+    ) -> InsertResult:
         key = encode_tokens(tokens)
         slots = check_slots(slots, len(key) // TOKEN_BYTES)
         end = len(key) - len(key) % self._page_bytes
@@ -127,9 +138,10 @@ class RadixCache(BasePrefixCache):
             self._lru[leaf.last_access] = leaf
             self._evictable_size += leaf.num_tokens
             self._inserted_tokens += leaf.num_tokens
+            path.append(leaf)
         else:
             self._touch(path)
-        return matched // TOKEN_BYTES
+        return InsertResult(matched // TOKEN_BYTES, self._path_match(path, namespace))
 
     # ---- locks ---------------------------------------------------------------------------
 
@@ -336,6 +348,12 @@ class RadixCache(BasePrefixCache):
             del self._lru[last.last_access]
             self._lru[self._clock] = last
         last.last_access = self._clock
+
+    def _path_match(self, path: list[TreeNode], namespace: Namespace) -> PrefixMatch:
+        if not path:
+            return PrefixMatch(0, EMPTY_SLOTS, self._roots.get(namespace, self._detached_root))
+        slots = path[0].slots if len(path) == 1 else np.concatenate([n.slots for n in path])
+        return PrefixMatch(len(slots), slots, path[-1])
 
     def _tick(self) -> int:
         self._clock += 1

@@ -16,8 +16,7 @@ def make(tokens, arrival):
 
 def order(policy, cache, reqs, aging=0.0):
     def match(r):
-        hit = cache.match_prefix(r.seq())
-        return hit.length, hit.node
+        return cache.peek_prefix(r.seq())
 
     return [r.rid for r in order_waiting(reqs, policy, match, aging, random.Random(0))]
 

@@ -282,9 +282,10 @@ def test_token_containers_are_interchangeable():
 
 def test_empty_inputs():
     cache = make_cache(4)
-    assert cache.insert([], []) == 0
+    assert cache.insert([], []).prefix_len == 0
     assert cache.match_prefix([]).length == 0
-    assert cache.insert([1, 2], [0, 1]) == 0  # shorter than a page: nothing cached
+    done = cache.insert([1, 2], [0, 1])  # shorter than a page: nothing cached
+    assert done.prefix_len == done.match.length == 0
     assert cache.total_size == 0
     cache.check_invariants()
 
@@ -325,7 +326,7 @@ def test_stats_count_tokens_and_requests():
 
 def test_simulation_mode_needs_no_allocator():
     cache = RadixCache(page_size=2)
-    assert cache.insert(seq(0, 6), [10, 11, 12, 13, 14, 15]) == 0
+    assert cache.insert(seq(0, 6), [10, 11, 12, 13, 14, 15]).prefix_len == 0
     m = cache.match_prefix(seq(0, 5))
     assert m.length == 4 and m.slots.tolist() == [10, 11, 12, 13]
     assert cache.evict(100) == 6
@@ -371,7 +372,8 @@ def test_no_prefix_cache_never_caches():
     alloc = KVSlotAllocator(16, 1)
     cache = NoPrefixCache(1, alloc)
     slots = alloc.alloc(4)
-    assert cache.insert(seq(0, 4), slots) == 4  # adopts nothing: the caller keeps all
+    done = cache.insert(seq(0, 4), slots)
+    assert done.prefix_len == done.match.length == 0  # adopts nothing: the caller keeps all
     m = cache.match_prefix(seq(0, 4))
     assert m.length == 0 and m.slots.size == 0
     cache.lock(m.node)

@@ -41,8 +41,7 @@ def alloc_and_insert(cache: RadixCache, tokens, namespace=None) -> tuple[int, np
     does not adopt; returns (already cached length, the slots passed in)."""
     alloc = cache.allocator
     slots = alloc.alloc(len(tokens))
-    cached = cache.insert(tokens, slots[: len(tokens)], namespace)
-    aligned = len(tokens) - len(tokens) % cache.page_size
-    not_adopted = np.concatenate([slots[:cached], slots[aligned:]])
+    done = cache.insert(tokens, slots[: len(tokens)], namespace)
+    not_adopted = np.concatenate([slots[: done.prefix_len], slots[done.match.length :]])
     alloc.free(not_adopted)
-    return cached, slots
+    return done.prefix_len, slots
