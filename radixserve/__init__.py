@@ -1,7 +1,7 @@
 """radixserve: an LLM serving engine built around a radix-tree prefix cache."""
 
 from radixserve.cache import NoPrefixCache, PrefixMatch, RadixCache
-from radixserve.memory import KVSlotAllocator, OutOfSlots, ReqToTokenTable
+from radixserve.memory import KVSlotAllocator, OutOfSlots
 
 
 def __getattr__(name: str):
@@ -38,7 +38,6 @@ __all__ = [
     "OutOfSlots",
     "PrefixMatch",
     "RadixCache",
-    "ReqToTokenTable",
     "SamplingParams",
     "__version__",
     *_LANG,

@@ -8,6 +8,8 @@ query ``i`` of an extend over ``prefix_len`` cached tokens sees keys ``0 .. pref
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -15,9 +17,26 @@ from radixserve.attention.forward_batch import ForwardBatch
 from radixserve.memory.kv_pool import KVPool
 
 
+@dataclass(frozen=True)
+class PrefixGroupRule:
+    """Which prefix groups (``batch.prefix_groups``, cascade attention) a backend runs:
+    requests sharing at least ``min_shared`` cached tokens, each with at most
+    ``max_member_tokens`` new tokens, together at least ``min_group_tokens``. The scheduler
+    forms only such groups, so the backend runs every group it is given."""
+
+    min_shared: int
+    min_group_tokens: int = 1
+    max_member_tokens: int | None = None
+
+    def takes_member(self, extend_len: int) -> bool:
+        return self.max_member_tokens is None or extend_len <= self.max_member_tokens
+
+    def takes_group(self, extend_lens: Sequence[int]) -> bool:
+        return len(extend_lens) >= 2 and sum(extend_lens) >= self.min_group_tokens
+
+
 class AttentionBackend(ABC):
     name: str
-    uses_prefix_groups = False  # reads ``batch.prefix_groups`` (cascade attention)
 
     def __init__(
         self, kv_pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, scale: float
@@ -29,6 +48,11 @@ class AttentionBackend(ABC):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+
+    def prefix_group_rule(self, min_shared: int) -> PrefixGroupRule | None:
+        """The groups this backend reads a shared prefix once for, when asked to group at
+        ``min_shared`` tokens; ``None``: it reads every request's context on its own."""
+        return None
 
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.attention.attention_plan import AttentionPlan, plan_attention
-from radixserve.attention.base import AttentionBackend
+from radixserve.attention.base import AttentionBackend, PrefixGroupRule
 from radixserve.attention.forward_batch import ForwardBatch
 from radixserve.csrc import load_native
 from radixserve.memory.kv_pool import KVPool
@@ -34,9 +34,6 @@ CASCADE_MAX_MEMBER_QUERIES = 8
 
 class NativeAttentionBackend(AttentionBackend):
     name = "native"
-    uses_prefix_groups = True
-    cascade_min_queries = CASCADE_MIN_QUERIES
-    cascade_max_member_queries = CASCADE_MAX_MEMBER_QUERIES
 
     def __init__(
         self, kv_pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int, scale: float
@@ -51,6 +48,15 @@ class NativeAttentionBackend(AttentionBackend):
         if self.kernels is None:
             raise RuntimeError("the native kernels could not be built (see the log above)")
 
+    def prefix_group_rule(self, min_shared: int) -> PrefixGroupRule:
+        # queries per KV head = new tokens x query heads per KV head
+        heads = self.num_heads // self.num_kv_heads
+        return PrefixGroupRule(
+            min_shared,
+            min_group_tokens=-(-CASCADE_MIN_QUERIES // heads),
+            max_member_tokens=CASCADE_MAX_MEMBER_QUERIES // heads,
+        )
+
     def prepare(self, batch: ForwardBatch) -> None:
         if (
             batch.batch_size == 1
@@ -59,15 +65,7 @@ class NativeAttentionBackend(AttentionBackend):
         ):
             batch.attn_metadata = None  # causal self-attention over the new tokens
             return
-        group_heads = self.num_heads // self.num_kv_heads
-        groups = [
-            g
-            for g in batch.prefix_groups
-            if sum(batch.extend_lens[i] for i in g.members) * group_heads
-            >= self.cascade_min_queries
-            and max(batch.extend_lens[i] for i in g.members) * group_heads
-            <= self.cascade_max_member_queries
-        ]
+        groups = batch.prefix_groups
         slots = batch.kv_slots.numpy() if groups else None
         batch.attn_metadata = plan_attention(batch.seq_lens, batch.extend_lens, slots, groups)
 

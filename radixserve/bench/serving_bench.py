@@ -79,42 +79,19 @@ class ServingBenchConfig:
 
 
 @dataclass
-class _Timed:
-    """Lookup latencies, recorded by wrapping the engine's ``match_prefix`` (bench only)."""
-
-    samples: list[float] = field(default_factory=list)
-
-    def wrap(self, fn: Callable) -> Callable:
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            self.samples.append(time.perf_counter() - t0)
-            return out
-
-        return timed
-
-
-@dataclass
 class _Forwards:
-    """The model's forward passes, timed, and what they computed, hashed: each batch's
-    context and new-token lengths and the attention plan the backend made of it (bench only).
-    Two configurations with the same hash did the same model work, pass by pass, so their
-    times differ only by the engine's own work around the model (scheduling, the prefix
-    index, sampling) and by the machine's noise."""
+    """What the model's forward passes computed, hashed: each batch's context and new-token
+    lengths and the attention plan the backend made of it (bench only). Two configurations
+    with the same hash did the same model work, pass by pass, so their times differ only by
+    the engine's own work around the model (scheduling, the prefix index, sampling) and by
+    the machine's noise."""
 
-    seconds: float = 0.0
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
 
     def attach(self, engine: Engine) -> Callable[[], None]:
-        """Wrap ``engine``'s forward and attention planning; returns the undo."""
-        runner, backend = engine.runner, engine.runner.backend
-        forward, prepare = runner.forward, backend.prepare
-
-        def timed_forward(batch):
-            t0 = time.perf_counter()
-            out = forward(batch)
-            self.seconds += time.perf_counter() - t0
-            return out
+        """Wrap ``engine``'s attention planning; returns the undo."""
+        backend = engine.runner.backend
+        prepare = backend.prepare
 
         def hashed_prepare(batch):
             prepare(batch)
@@ -123,10 +100,10 @@ class _Forwards:
             if isinstance(plan, AttentionPlan):
                 self.digest.update(plan.items.numpy().tobytes())
 
-        runner.forward, backend.prepare = timed_forward, hashed_prepare
+        backend.prepare = hashed_prepare
 
         def detach() -> None:
-            runner.forward, backend.prepare = forward, prepare
+            backend.prepare = prepare
 
         return detach
 
@@ -140,10 +117,7 @@ def _poll_dedup(engine: Engine, stop: threading.Event, out: list[float]) -> None
 
 def run_engine(engine: Engine, workload: Workload, label: str) -> dict:
     """Send each wave at once and wait for it; returns the row for this configuration."""
-    assert engine.flush_cache()
-    lookups = _Timed()
-    match = engine.cache.match_prefix
-    engine.cache.match_prefix = lookups.wrap(match)
+    assert engine.flush_cache()  # also starts the engine's lookup-latency window afresh
     forwards = _Forwards()
     detach = forwards.attach(engine)
     before = engine.cache_stats()
@@ -165,7 +139,6 @@ def run_engine(engine: Engine, workload: Workload, label: str) -> dict:
         seconds = time.perf_counter() - start
         stop.set()
         poller.join()
-        engine.cache.match_prefix = match
         detach()
     after = engine.cache_stats()
     engine.check_invariants()
@@ -180,13 +153,13 @@ def run_engine(engine: Engine, workload: Workload, label: str) -> dict:
     decode_s = after["decode_s"] - before["decode_s"]
     decode_tokens = after["decode_tokens"] - before["decode_tokens"]
     sched = after["scheduler_s"] - before["scheduler_s"]
-    lookup_us = np.array(lookups.samples or [float("nan")]) * 1e6
+    forward_s = after["forward_s"] - before["forward_s"]
     return {
         "workload": workload.name,
         "config": label,
         "requests": len(metas),
         "seconds": seconds,
-        "engine_seconds": seconds - forwards.seconds,  # all but the model's forward passes
+        "engine_seconds": seconds - forward_s,  # all but the model's forward passes
         "batches": forwards.digest.hexdigest()[:16],
         "req_s": len(metas) / seconds,
         "tok_s": (prompt + out_tokens) / seconds,
@@ -199,8 +172,8 @@ def run_engine(engine: Engine, workload: Workload, label: str) -> dict:
         "prefill_tokens": prompt - cached,
         "dedup_ratio": float(np.mean(dedup)) if dedup else 1.0,
         "sched_ms_per_step": 1000 * sched / steps if steps else float("nan"),
-        "lookup_p50_us": float(np.percentile(lookup_us, 50)),
-        "lookup_p99_us": float(np.percentile(lookup_us, 99)),
+        "lookup_p50_us": after["lookup_p50_us"],
+        "lookup_p99_us": after["lookup_p99_us"],
         "seed_model_ttft_reduction": float(np.mean(predicted)),
     }
 

@@ -26,8 +26,8 @@ def order_waiting(
     aging_tokens_per_s: float,
     rng: random.Random,
 ) -> list[Req]:
-    """``match_node(req)`` gives the cached length of ``req``'s prefix and the tree node
-    where its match ends (an object with a ``parent``)."""
+    """``match_node(req)`` gives the cached length of ``req``'s prefix and the deepest tree
+    node it matches whole (an object with a ``parent``); it must not change the tree."""
     if policy == "fcfs":
         return sorted(waiting, key=lambda r: r.arrival_s)
     if policy == "random":
@@ -36,7 +36,7 @@ def order_waiting(
         return order
     matches = {r: match_node(r) for r in waiting}
     if policy == "dfs-weight":
-        return _dfs_weight(waiting, {r: node for r, (_, node) in matches.items()})
+        return _dfs_weight(waiting, matches)
     now = time.perf_counter()
     return sorted(
         waiting,
@@ -44,13 +44,14 @@ def order_waiting(
     )
 
 
-def _dfs_weight(waiting: list[Req], nodes: dict[Req, object]) -> list[Req]:
+def _dfs_weight(waiting: list[Req], matches: dict[Req, tuple[int, object]]) -> list[Req]:
     weight: dict[object, int] = defaultdict(int)
     children: dict[object, list] = defaultdict(list)
     ending: dict[object, list[Req]] = defaultdict(list)
     roots: list = []
-    for req in sorted(waiting, key=lambda r: r.arrival_s):
-        node = nodes[req]
+    # Under one node, the requests matching further into one of its edges go first.
+    for req in sorted(waiting, key=lambda r: (-matches[r][0], r.arrival_s)):
+        node = matches[req][1]
         ending[node].append(req)
         while node is not None:
             weight[node] += 1
@@ -71,4 +72,4 @@ def _dfs_weight(waiting: list[Req], nodes: dict[Req, object]) -> list[Req]:
             continue
         stack.append((node, True))
         stack += [(child, False) for child in sorted(children[node], key=lambda n: weight[n])]
-    return order
+    return order + ending[None]  # matched nowhere in the index

@@ -1,13 +1,7 @@
-"""A request's life inside the engine.
+"""A request's life inside the engine: what it asked for, where it stands, what it made.
 
-Slot regions of a running request (positions in its sequence, prompt then output):
-
-    [0, cached_len)             matched in the tree; locked through ``last_node``
-    [cached_len, computed_len)  computed by this request, in its own pages
-    [computed_len, len(seq))    not computed yet (the rest of the prompt, or the newest token)
-
-``slots`` lists the slot of every position below ``len(slots)``: the tree's slots first, then
-this request's whole pages, so a page never mixes the tree's and the request's slots.
+Its slots and its lock in the prefix cache are kept by ``ReqCacheManager`` (region map
+there); the text by ``StopChecker``.
 """
 
 from __future__ import annotations
@@ -43,6 +37,10 @@ class Req:
     finish_reason: str | None = None
     matched_stop: object = None
     text: str = ""
+    # output_ids[prefix_offset:read_offset] is already text: the incremental detokenizer's
+    # window (see StopChecker)
+    prefix_offset: int = 0
+    read_offset: int = 0
     arrival_s: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
     finish_s: float | None = None

@@ -1,12 +1,12 @@
 """The frontend language: programs of ``gen``, ``select``, roles and ``fork`` whose calls
 extend one another's token ids, so their shared prefixes are computed once."""
 
+from radixserve.engine import ChatFormat
 from radixserve.lang.backend import BaseBackend, EngineBackend
 from radixserve.lang.function import Program, function, set_default_backend
 from radixserve.lang.primitives import assistant, gen, select, system, user
 from radixserve.lang.runtime_endpoint import RuntimeEndpoint
 from radixserve.lang.state import ProgramError, ProgramState
-from radixserve.model.chat_format import ChatFormat
 
 __all__ = [
     "BaseBackend",

@@ -6,12 +6,10 @@ context and the prefix cache sees the same tokens each time."""
 from __future__ import annotations
 
 import asyncio
-import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
-from radixserve.engine import Engine, SamplingParams
-from radixserve.model.chat_format import ChatFormat
+from radixserve.engine import ChatFormat, Engine, SamplingParams
 
 OnText = Callable[[str], None]
 
@@ -73,9 +71,9 @@ class EngineBackend(BaseBackend):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    @functools.cached_property
+    @property
     def chat_format(self) -> ChatFormat:
-        return ChatFormat.from_tokenizer(self.engine.tokenizer)
+        return self.engine.chat_format
 
     def tokenize(self, text: str) -> list[int]:
         return self.engine.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -10,9 +10,8 @@ from collections.abc import Sequence
 
 import httpx
 
-from radixserve.engine import SamplingParams
+from radixserve.engine import ChatFormat, SamplingParams
 from radixserve.lang.backend import BaseBackend, OnText, StreamCollector, scoring_params
-from radixserve.model.chat_format import ChatFormat
 
 _PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} - {
     "return_logprob",

@@ -1,6 +1,5 @@
-"""KV memory bookkeeping: slot allocation and per-request slot tables."""
+"""KV memory: page-aligned slot allocation and the per-layer K/V tensors."""
 
 from radixserve.memory.allocator import KVSlotAllocator, OutOfSlots
-from radixserve.memory.req_to_token import OutOfRows, ReqToTokenTable
 
-__all__ = ["KVSlotAllocator", "OutOfRows", "OutOfSlots", "ReqToTokenTable"]
+__all__ = ["KVSlotAllocator", "OutOfSlots"]

@@ -3,13 +3,16 @@ or off, under every policy, under memory pressure, chunked, at any page size, an
 transformers; nothing leaks; bad input fails alone."""
 
 import asyncio
+import contextlib
 import itertools
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
 from radixserve import Engine, SamplingParams
+from radixserve.attention import native_backend
 from radixserve.csrc import native_available
 from radixserve.model import export_preset
 
@@ -46,9 +49,12 @@ def reference(tmp_path_factory):
 
 
 def run(cascade_min_queries: int | None = None, **options) -> tuple[list[list[int]], dict]:
-    with Engine("tiny", check_invariants=True, **options) as engine:
+    with contextlib.ExitStack() as stack:
         if cascade_min_queries is not None:  # the tiny batch is below the default
-            engine.runner.backend.cascade_min_queries = cascade_min_queries
+            stack.enter_context(
+                mock.patch.object(native_backend, "CASCADE_MIN_QUERIES", cascade_min_queries)
+            )
+        engine = stack.enter_context(Engine("tiny", check_invariants=True, **options))
         outs = engine.generate(input_ids=workload(), sampling_params=GREEDY)
         stats = engine.cache_stats()
         engine.check_invariants()
@@ -223,23 +229,36 @@ def test_streaming_adds_up_to_the_final_text(engine, with_stop):
     assert chunks[-1]["meta_info"]["completion_tokens"] == len(full["token_ids"])
 
 
-def test_text_is_decoded_once_unless_stop_strings_need_it_every_token(engine, monkeypatch):
-    # Decoding n tokens costs O(n): decoding every token would make long outputs quadratic.
-    calls = []
+@pytest.mark.parametrize("stop", [None, "\x00never"])
+def test_text_costs_the_new_tokens_per_step_not_the_whole_output(engine, monkeypatch, stop):
+    # Decoding the whole output every step would cost ~n^2/2 ids over n tokens.
+    decoded = []
     decode = engine.tokenizer.decode
 
     def counting(ids, **kwargs):
-        calls.append(len(ids))
+        decoded.append(len(ids))
         return decode(ids, **kwargs)
 
     monkeypatch.setattr(engine.tokenizer, "decode", counting)
-    params = SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=200, temperature=0, ignore_eos=True, stop=stop)
     out = engine.generate(input_ids=[7, 8, 9], sampling_params=params)
-    assert calls == [16] and out["text"] == decode(out["token_ids"], skip_special_tokens=True)
-    calls.clear()
-    stop = SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True, stop="\x00never")
-    assert engine.generate(input_ids=[7, 8, 9], sampling_params=stop)["text"] == out["text"]
-    assert calls == list(range(1, 17))  # a stop string is looked for after every token
+    assert out["text"] == decode(out["token_ids"], skip_special_tokens=True)
+    assert sum(decoded) <= 6 * 200, sum(decoded)
+
+
+def test_streamed_samples_of_a_seeded_request_are_the_non_streamed_ones(engine):
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7, n=3, ignore_eos=True)
+    prompts = ["one prompt", "and another one"]
+    whole = engine.generate(prompts, params)
+
+    async def collect():
+        return [chunk async for chunk in engine.generate_stream(prompts, params)]
+
+    ids: dict[int, list[int]] = {}
+    for chunk in asyncio.run(collect()):
+        ids.setdefault(chunk["index"], []).extend(chunk["token_ids"])
+    assert [ids[i] for i in range(6)] == [o["token_ids"] for o in whole]
+    assert len({tuple(o["token_ids"]) for o in whole[:3]}) == 3  # each sample its own seed
 
 
 @pytest.mark.parametrize(

@@ -53,8 +53,6 @@ def test_cascade_equals_plain(shared_lens, members, private, extend, kv_heads, g
     pool.k[0].normal_()
     pool.v[0].normal_()
     backend = NativeAttentionBackend(pool, heads, kv_heads, head_dim, head_dim**-0.5)
-    # the kernel's cascade path for every group, whatever the backend's policy would pick
-    backend.cascade_min_queries, backend.cascade_max_member_queries = 1, 10**9
     n = sum(len(r.new_ids) for r in requests)
     q = torch.randn(n, heads, head_dim).to(dtype)
     plain = ForwardBatch.create(requests, 1)
@@ -88,16 +86,12 @@ def test_plan_refuses_false_groups():
 
 
 @pytest.mark.parametrize(("extend", "kept"), [(1, True), (2, True), (3, False), (40, False)])
-def test_groups_go_to_decode_like_members_only(extend, kept):
+def test_the_backend_asks_for_groups_of_decode_like_members_only(extend, kept):
     """A member with more than a vector of queries per KV head fills the plain kernel's
-    lanes itself; grouping it only adds the merge, so the backend drops such groups."""
-    rng = np.random.default_rng(0)
-    requests, groups = grouped_batch(rng, [256], [16], 10, extend)
-    pool = KVPool(1, 8192, 1, 3, 64, torch.float32)
-    backend = NativeAttentionBackend(pool, 9, 3, 64, 0.125)
-    plain = ForwardBatch.create(requests, 1)
-    grouped = ForwardBatch.create(requests, 1, prefix_groups=groups)
-    backend.prepare(plain)
-    backend.prepare(grouped)
-    more_rows = grouped.attn_metadata.num_rows > plain.attn_metadata.num_rows
-    assert more_rows == kept
+    lanes itself; grouping it only adds the merge, so the backend's rule leaves it out."""
+    pool = KVPool(1, 64, 1, 3, 64, torch.float32)
+    rule = NativeAttentionBackend(pool, 9, 3, 64, 0.125).prefix_group_rule(64)
+    assert rule.min_shared == 64
+    assert rule.takes_member(extend) == kept
+    # at least four vectors of 8 queries per KV head (3 query heads each) in a group
+    assert rule.takes_group([1] * 11) and not rule.takes_group([1] * 10)

@@ -64,12 +64,3 @@ def test_seeded_rows_reproduce_whatever_their_batch():
 def test_bad_params(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
-
-
-def test_streamed_text_holds_back_a_possible_stop():
-    from radixserve.engine.engine import _stable_text
-
-    assert _stable_text("hello wor", ("world",)) == "hello "
-    assert _stable_text("hello", ("xyz",)) == "hello"
-    assert _stable_text("caf\ufffd", ()) == "caf"
-    assert _stable_text("a b", ("b c", "zz")) == "a "

@@ -1,0 +1,97 @@
+"""Every counter and timer the engine keeps, in one place.
+
+Written on the scheduler thread only; ``cache_stats()``, the server's ``/metrics`` and the
+benchmarks read a ``snapshot()`` taken there. Counters only grow (Prometheus counters must
+not go down); the latency windows keep the most recent samples.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+WINDOW = 10_000
+
+
+def _window() -> deque[float]:
+    return deque(maxlen=WINDOW)
+
+
+@dataclass
+class EngineMetrics:
+    started_s: float = field(default_factory=time.perf_counter)
+    # prompt tokens at first admission (a preempted request's re-admission is not a query)
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    requests_admitted: int = 0
+    requests_hit: int = 0
+    preemptions: int = 0
+    # forward passes; seconds in scheduling, in the model's forward and in decode passes
+    steps: int = 0
+    scheduler_s: float = 0.0
+    forward_s: float = 0.0
+    decode_s: float = 0.0
+    decode_tokens: int = 0
+    cascade_groups: int = 0  # prefix groups the attention backend ran
+    cascade_saved_tokens: int = 0  # per layer: K/V rows not re-read thanks to them
+    finished_requests: int = 0
+    generated_tokens: int = 0
+    # seconds per admission lookup since the last cache flush (a property of what is cached)
+    lookup_s: deque[float] = field(default_factory=_window)
+    ttft_s: deque[float] = field(default_factory=_window)
+    latency_s: deque[float] = field(default_factory=_window)
+
+    def admitted(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.queried_tokens += prompt_tokens
+        self.hit_tokens += cached_tokens
+        self.requests_admitted += 1
+        self.requests_hit += cached_tokens > 0
+
+    def finished(self, completion_tokens: int, ttft_s: float | None, latency_s: float) -> None:
+        self.finished_requests += 1
+        self.generated_tokens += completion_tokens
+        if ttft_s is not None:
+            self.ttft_s.append(ttft_s)
+            self.latency_s.append(latency_s)
+
+    def snapshot(self) -> dict:
+        elapsed = time.perf_counter() - self.started_s
+        ttft, latency = _quantiles(self.ttft_s), _quantiles(self.latency_s)
+        lookup = _quantiles(self.lookup_s)
+        return {
+            "queried_tokens": self.queried_tokens,
+            "hit_tokens": self.hit_tokens,
+            "token_hit_rate": _ratio(self.hit_tokens, self.queried_tokens),
+            "request_hit_rate": _ratio(self.requests_hit, self.requests_admitted),
+            "preemptions": self.preemptions,
+            "scheduler_steps": self.steps,
+            "scheduler_s": self.scheduler_s,
+            "forward_s": self.forward_s,
+            "decode_s": self.decode_s,
+            "decode_tokens": self.decode_tokens,
+            "cascade_groups": self.cascade_groups,
+            "cascade_saved_tokens": self.cascade_saved_tokens,
+            "finished_requests": self.finished_requests,
+            "generated_tokens": self.generated_tokens,
+            "generation_throughput": self.generated_tokens / elapsed,
+            "ttft_p50_s": ttft[0],
+            "ttft_p99_s": ttft[1],
+            "latency_p50_s": latency[0],
+            "latency_p99_s": latency[1],
+            "lookup_p50_us": 1e6 * lookup[0],
+            "lookup_p99_us": 1e6 * lookup[1],
+        }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def _quantiles(samples: deque[float]) -> tuple[float, float]:
+    if not samples:
+        return 0.0, 0.0
+    p50, p99 = np.percentile(np.fromiter(samples, float), [50, 99])
+    return float(p50), float(p99)

@@ -1,0 +1,61 @@
+"""What the engine hands back: a finished request's output, and a stream's chunks."""
+
+from __future__ import annotations
+
+import time
+
+from radixserve.engine.req import Req
+from radixserve.engine.stop import stable_text
+
+
+def request_output(req: Req) -> dict:
+    end = req.finish_s or time.perf_counter()
+    meta = {
+        "prompt_tokens": len(req.input_ids),
+        "cached_tokens": req.prompt_cached_tokens,
+        "completion_tokens": len(req.output_ids),
+        "finish_reason": {"type": req.finish_reason, "matched": req.matched_stop},
+        "ttft_s": (req.first_token_s or end) - req.arrival_s,
+        "latency_s": end - req.arrival_s,
+    }
+    p = req.params
+    if p.return_logprob:
+        meta["output_token_logprobs"] = list(req.output_logprobs)
+        if p.top_logprobs_num:
+            meta["output_top_logprobs"] = list(req.output_top_logprobs)
+    if p.prompt_logprobs:
+        ids = req.input_ids.tolist()
+        meta["input_token_logprobs"] = [
+            (req.input_logprobs.get(i), ids[i]) for i in range(p.logprob_start_len, len(ids))
+        ]
+    return {"rid": req.rid, "text": req.text, "token_ids": list(req.output_ids), "meta_info": meta}
+
+
+class StreamCursor:
+    """What one request's stream has sent so far. Read on the caller's event loop while the
+    scheduler thread extends the request: each chunk takes whatever is there now."""
+
+    def __init__(self, req: Req, index: int) -> None:
+        self.req, self.index = req, index
+        self.tokens, self.text = 0, ""
+
+    def chunk(self, done: bool) -> dict | None:
+        """The next chunk: new token ids and the text they settled (a tail that could still
+        become a stop string waits); ``None`` when there is nothing new."""
+        req = self.req
+        ids = req.output_ids[self.tokens :]
+        text = req.text if done else stable_text(req.text, req.params.stop)
+        if not ids and not done:
+            return None
+        chunk = {
+            "index": self.index,
+            "rid": req.rid,
+            "text": text[len(self.text) :],
+            "token_ids": ids,
+            "finished": done,
+        }
+        self.tokens += len(ids)
+        self.text = text
+        if done:
+            chunk["meta_info"] = request_output(req)["meta_info"]
+        return chunk

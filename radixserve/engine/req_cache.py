@@ -1,0 +1,113 @@
+"""The one owner of a running request's KV slots and of its lock in the prefix cache.
+
+Slot regions of a running request (positions in its sequence, prompt then output):
+
+    [0, cached_len)             the cache's slots, locked through ``last_node``
+    [cached_len, computed_len)  computed by this request, in its own whole pages
+    [computed_len, len(slots))  taken ahead for the pass being scheduled, not computed yet
+
+``slots`` lists the slot of every position below ``len(slots)``: the cache's first, then the
+request's own pages, so a page never mixes the two. ``cache_computed`` offers
+``[0, computed_len)`` to the cache and moves the boundary: pages the cache adopts join its
+region; pages it already had are freed here and read from the cache's slots instead.
+The same calls work for every cache, the null one included (it adopts nothing).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from radixserve.cache import BasePrefixCache
+from radixserve.engine.metrics import EngineMetrics
+from radixserve.engine.req import Req
+from radixserve.memory import KVSlotAllocator
+
+_NO_SLOTS = np.empty(0, dtype=np.int64)
+
+
+class ReqCacheManager:
+    def __init__(
+        self, cache: BasePrefixCache, allocator: KVSlotAllocator, metrics: EngineMetrics
+    ) -> None:
+        self.cache = cache
+        self.allocator = allocator
+        self.metrics = metrics
+        self.page = cache.page_size
+
+    def peek(self, req: Req) -> tuple[int, object]:
+        """The cached length of ``req``'s sequence and its deepest whole node; changes
+        nothing (for ordering the waiting queue)."""
+        return self.cache.peek_prefix(req.seq(), req.namespace)
+
+    def admit(self, req: Req) -> None:
+        """Match ``req``'s sequence and lock the match; its slots start as the cached part."""
+        t0 = time.perf_counter()
+        hit = self.cache.match_prefix(req.seq(), req.namespace)
+        self.metrics.lookup_s.append(time.perf_counter() - t0)
+        # At least the last token is computed: its logits give the next one. Prompt
+        # logprobs from position s need the logits of positions s-1 on, so those are too.
+        last = req.seq_len - 1
+        if req.params.prompt_logprobs:
+            last = min(last, max(0, req.params.logprob_start_len - 1))
+        cached = min(hit.length, last // self.page * self.page)
+        self.cache.lock(hit.node)
+        req.last_node = hit.node
+        req.cached_len = req.computed_len = cached
+        req.slots = np.array(hit.slots[:cached], dtype=np.int64)
+        if not req.admitted_once:  # a preempted request's re-admission is not a new query
+            req.admitted_once = True
+            req.prompt_cached_tokens = cached
+            self.metrics.admitted(len(req.input_ids), cached)
+
+    def ensure_slots(self, req: Req, positions: int) -> bool:
+        """Make ``req.slots`` cover ``positions`` positions, taking whole pages and evicting
+        unlocked cache entries when the pool is short; False (nothing changed) if they do
+        not fit."""
+        missing = positions - len(req.slots)
+        if missing <= 0:
+            return True
+        needed = self.allocator.slots_needed(missing)
+        if needed > self.allocator.num_free:
+            self.cache.evict(needed - self.allocator.num_free)
+        if needed > self.allocator.num_free:
+            return False
+        req.slots = np.concatenate([req.slots, self.allocator.alloc(missing)])
+        return True
+
+    def cache_computed(self, req: Req, *, release: bool) -> None:
+        """Offer ``[0, computed_len)`` to the cache. Running on (``release=False``): the lock
+        moves down to the newly cached end, so requests waiting on this prefix hit it.
+        Releasing (finished, aborted, preempted): every slot the cache did not adopt goes
+        back to the pool and the lock is dropped."""
+        n = req.computed_len
+        done = self.cache.insert(req.seq()[:n], req.slots[:n], req.namespace)
+        start = req.cached_len
+        # [start, prefix_len): pages the cache already had (another request computed them)
+        self.allocator.free(req.slots[start : max(start, done.prefix_len)].copy())
+        if release:
+            self.allocator.free(req.slots[max(start, done.match.length) :])
+            self.cache.unlock(req.last_node)
+            req.slots, req.last_node = _NO_SLOTS, None
+            return
+        self.cache.lock(done.match.node)
+        self.cache.unlock(req.last_node)
+        req.slots[: done.match.length] = done.match.slots
+        req.cached_len, req.last_node = done.match.length, done.match.node
+
+    def release(self, req: Req) -> None:
+        """Drop the lock and free the request's own slots without caching anything (it has
+        computed nothing yet)."""
+        self.cache.unlock(req.last_node)
+        self.allocator.free(req.own_slots)
+        req.slots, req.last_node = _NO_SLOTS, None
+        req.cached_len = req.computed_len = 0
+
+    def check_invariants(self, running: list[Req]) -> None:
+        self.cache.check_invariants(slots_held(running))
+
+
+def slots_held(running: list[Req]) -> int:
+    """Slots running requests own outside the cache."""
+    return sum(len(r.own_slots) for r in running)

@@ -1,0 +1,86 @@
+"""When a request is done, and its text so far.
+
+Text grows by decoding only the newest tokens, with two offsets per request as vLLM keeps
+them: ``ids[prefix_offset:read_offset]`` is a short window already turned into text, and
+each step decodes that window plus the new tokens and keeps what the new tokens added.
+Decoding from a little before the new tokens keeps tokenizers that strip a word's leading
+space at the start of a decode (SentencePiece) right; a text ending in a replacement
+character waits for the next token to complete it. A step therefore costs O(new tokens),
+not a decode of the whole output, for stop strings and streams alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from radixserve.engine.req import Req, ReqState
+
+
+class StopChecker:
+    def __init__(self, tokenizer, eos_token_ids: Collection[int], context_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.context_len = context_len
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def check(self, req: Req) -> None:
+        """After a new token: extend ``req.text`` and finish the request if it is done."""
+        p, token = req.params, req.output_ids[-1]
+        before = len(req.text)
+        text = req.text + self._new_text(req)
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            req.finish_reason, req.matched_stop = "stop", token
+        elif p.stop and (hit := first_stop(text, p.stop, before)) is not None:
+            text = text[: hit[0]]
+            req.finish_reason, req.matched_stop = "stop", hit[1]
+        elif len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:
+            req.finish_reason = "length"
+        # One assignment: a stream reading from another thread never sees a stop string
+        # that is about to be cut.
+        req.text = text
+        if req.finish_reason is not None:
+            req.state = ReqState.FINISHED
+
+    def finalize(self, req: Req) -> None:
+        """At the end, add what the window still holds back (an unfinished character is
+        kept as the replacement character), unless a stop string cut the text."""
+        if isinstance(req.matched_stop, str) or req.read_offset == len(req.output_ids):
+            return
+        ids = req.output_ids
+        window = self.decode(ids[req.prefix_offset : req.read_offset])
+        req.text += self.decode(ids[req.prefix_offset :])[len(window) :]
+        req.prefix_offset = req.read_offset = len(ids)
+
+    def _new_text(self, req: Req) -> str:
+        ids = req.output_ids
+        window = self.decode(ids[req.prefix_offset : req.read_offset])
+        text = self.decode(ids[req.prefix_offset :])
+        if len(text) <= len(window) or text.endswith("\ufffd"):
+            return ""
+        req.prefix_offset, req.read_offset = req.read_offset, len(ids)
+        return text[len(window) :]
+
+
+def first_stop(text: str, stops: tuple[str, ...], new_from: int = 0) -> tuple[int, str] | None:
+    """The earliest stop string in ``text`` that ends after ``new_from`` (the text before it
+    was searched already): ``(position, stop)``."""
+    hits = []
+    for stop in stops:
+        at = text.find(stop, max(0, new_from - len(stop) + 1))
+        if at >= 0:
+            hits.append((at, stop))
+    return min(hits) if hits else None
+
+
+def stable_text(text: str, stops: tuple[str, ...]) -> str:
+    """The part of a running request's ``text`` that later tokens cannot change: without a
+    tail that could begin a stop string (if the stop string completes, it is cut)."""
+    hold = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:n]):
+                hold = n
+                break
+    return text[: len(text) - hold]
