@@ -31,23 +31,28 @@ def _token(tok, token_id: int) -> str:
     return tok.decode([token_id])
 
 
-def completion_choice(index: int, out: dict, tok, top: int | None) -> dict:
+def completion_choice(index: int, out: dict, tok, top: int | None, echo: str | None) -> dict:
+    """``top``: logprobs asked for (``None``: none); ``echo``: the prompt's text, which the
+    choice then opens with (and, with logprobs, the prompt's tokens too, the first one
+    without a logprob as it has no context)."""
     meta = out["meta_info"]
     logprobs = None
     if top is not None:
-        pairs = meta.get("output_token_logprobs", [])
+        pairs = list(meta.get("output_token_logprobs", []))
+        tops = list(meta.get("output_top_logprobs", []))
+        if echo is not None:
+            prompt = meta["input_token_logprobs"]
+            pairs = prompt + pairs
+            tops = [[] for _ in prompt] + tops if tops else tops
         logprobs = {
             "tokens": [_token(tok, t) for _, t in pairs],
             "token_logprobs": [lp for lp, _ in pairs],
-            "top_logprobs": [
-                {_token(tok, t): lp for lp, t in alts}
-                for alts in meta.get("output_top_logprobs", [])
-            ]
+            "top_logprobs": [{_token(tok, t): lp for lp, t in alts} or None for alts in tops]
             or None,
         }
     return {
         "index": index,
-        "text": out["text"],
+        "text": out["text"] if echo is None else echo + out["text"],
         "logprobs": logprobs,
         "finish_reason": finish_reason(meta),
     }
@@ -79,7 +84,7 @@ def chat_choice(index: int, out: dict, tok, with_logprobs: bool) -> dict:
     }
 
 
-def completion_chunk(rid: str, created: int, model: str, index: int, chunk: dict) -> dict:
+def completion_chunk(head: dict, index: int, chunk: dict) -> dict:
     reason = finish_reason(chunk["meta_info"]) if chunk["finished"] else None
     choice: dict[str, Any] = {
         "index": index,
@@ -87,24 +92,15 @@ def completion_chunk(rid: str, created: int, model: str, index: int, chunk: dict
         "logprobs": None,
         "finish_reason": reason,
     }
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
+    return {**head, "choices": [choice]}
 
 
-def chat_chunk(rid: str, created: int, model: str, index: int, chunk: dict, first: bool) -> dict:
+def chat_chunk(head: dict, index: int, chunk: dict, first: bool) -> dict:
     delta: dict[str, Any] = {"content": chunk["text"]}
     if first:
         delta["role"] = "assistant"
     reason = finish_reason(chunk["meta_info"]) if chunk["finished"] else None
     return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
+        **head,
         "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}],
     }

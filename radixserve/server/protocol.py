@@ -1,12 +1,23 @@
-"""Request bodies of the HTTP API, validated by pydantic, and their sampling settings."""
+"""Request bodies of the HTTP API, validated by pydantic, and their sampling settings.
+
+Unknown fields are ignored, as OpenAI's own server does, except the OpenAI fields this server
+does not implement and that would change what the output means: a request that sets one of
+those gets a 400 naming it instead of an answer that silently ignores it.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixserve.engine import SamplingParams
+
+TokenId = Annotated[int, Field(ge=0)]
+Text = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+# A field this server rejects: documented in the schema so clients see it is not ignored.
+Unsupported = Field(default=None, description="not supported: setting it gets a 400")
 
 
 class _Body(BaseModel):
@@ -23,18 +34,38 @@ class _OpenAIBase(_Body):
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     n: int = Field(default=1, ge=1, le=16)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     # extensions
-    top_k: int = -1
+    top_k: int = Field(default=-1, ge=-1)
     min_p: float = Field(default=0.0, ge=0, le=1)
     repetition_penalty: float = Field(default=1.0, gt=0)
     cache_salt: str | None = None
     ignore_eos: bool = False
+    # OpenAI fields that would change the output and are not implemented
+    logit_bias: dict[str, float] | None = Unsupported
+    response_format: dict[str, Any] | None = Unsupported
+    tools: list[Any] | None = Unsupported
+    tool_choice: Any = Unsupported
+    functions: list[Any] | None = Unsupported
+    function_call: Any = Unsupported
+
+    @model_validator(mode="after")
+    def _reject_unsupported(self):
+        unsupported = [
+            name
+            for name in ("logit_bias", "tools", "tool_choice", "functions", "function_call")
+            if getattr(self, name) is not None
+        ]
+        if self.response_format not in (None, {"type": "text"}):
+            unsupported.insert(0, "response_format")
+        if unsupported:
+            raise ValueError(f"not supported by this server: {', '.join(unsupported)}")
+        return self
 
     def sampling(self, max_tokens: int, **extra: Any) -> SamplingParams:
         return SamplingParams(
@@ -54,9 +85,36 @@ class _OpenAIBase(_Body):
 
 
 class CompletionRequest(_OpenAIBase):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: (
+        Text
+        | Annotated[list[Text], Field(min_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1)]
+    )
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    echo: bool = Field(default=False, description="return the prompt before each completion")
+    suffix: str | None = Unsupported
+    best_of: int | None = Field(default=None, description="supported only equal to n")
+
+    @model_validator(mode="after")
+    def _reject_unsupported_completion_fields(self):
+        if self.suffix is not None:
+            raise ValueError("not supported by this server: suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("not supported by this server: best_of other than n")
+        return self
+
+    def prompts(self) -> dict[str, list]:
+        """The prompt as ``generate`` takes it: ``{"prompt": [...]}`` or
+        ``{"input_ids": [...]}``, one entry per prompt."""
+        p = self.prompt
+        if isinstance(p, str):
+            return {"prompt": [p]}
+        if isinstance(p[0], str):
+            return {"prompt": list(p)}
+        if isinstance(p[0], int):
+            return {"input_ids": [list(p)]}
+        return {"input_ids": [list(x) for x in p]}
 
 
 class ChatMessage(_Body):
@@ -71,14 +129,20 @@ class ChatCompletionRequest(_OpenAIBase):
 
 
 class GenerateRequest(_Body):
-    text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
+    text: Text | Annotated[list[Text], Field(min_length=1)] | None = None
+    input_ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] | None = None
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     stream: bool = False
     return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
+    logprob_start_len: int = Field(default=-1, ge=-1)
+    top_logprobs_num: int = Field(default=0, ge=0)
     cache_salt: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("pass exactly one of text and input_ids")
+        return self
 
 
 class TokenizeRequest(_Body):
@@ -89,4 +153,4 @@ class TokenizeRequest(_Body):
 
 class DetokenizeRequest(_Body):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]

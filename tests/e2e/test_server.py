@@ -159,7 +159,13 @@ def test_native_and_operational_routes(server):
         ({"prompt": "x", "top_p": 0}, "top_p"),
         ({"prompt": [1, 2, 99999999]}, "token ids"),
         ({"prompt": "word " * 5000}, "serves at most"),
-        ({"prompt": ""}, "empty"),
+        ({"prompt": ""}, "prompt: String should have at least 1 character"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [[1, 2], []]}, "prompt"),
+        ({"prompt": "x", "logit_bias": {"5": 100}}, "not supported by this server: logit_bias"),
+        ({"prompt": "x", "suffix": "end"}, "suffix"),
+        ({"prompt": "x", "best_of": 3}, "best_of"),
+        ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
 def test_bad_requests_get_400_and_the_server_keeps_serving(server, payload, needle):
@@ -253,3 +259,113 @@ def test_stop_strings_over_http(server):
     )
     assert stop not in out.choices[0].text
     assert out.choices[0].finish_reason == "stop"
+
+
+def _sse_events(url, path, body):
+    with httpx.stream("POST", url + path, json=body, timeout=60) as r:
+        assert r.status_code == 200
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_streamed_seeded_samples_equal_the_non_streamed_ones(server):
+    url, _ = server
+    body = {"prompt": ["a b c", "d e"], "n": 3, "seed": 7, "temperature": 1.0, "max_tokens": 6}
+    whole = httpx.post(url + "/v1/completions", json=body).json()
+    texts = {c["index"]: c["text"] for c in whole["choices"]}
+    assert len(set(texts.values())) > 1  # the samples differ
+    streamed: dict[int, str] = {}
+    for event in _sse_events(url, "/v1/completions", {**body, "stream": True}):
+        for choice in event["choices"]:
+            streamed[choice["index"]] = streamed.get(choice["index"], "") + choice["text"]
+    assert streamed == texts
+
+
+def test_streamed_usage_equals_the_non_streamed_usage(server):
+    url, _ = server
+    # samples end at random steps (a sampled space or "e" stops them), so they finish out
+    # of index order, prompts interleaved
+    body = {
+        "prompt": ["short", "a much longer prompt than that one"],
+        "n": 4,
+        "max_tokens": 20,
+        "temperature": 1.0,
+        "seed": 3,
+        "stop": [" ", "e"],
+    }
+    whole = httpx.post(url + "/v1/completions", json=body).json()
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    last = _sse_events(url, "/v1/completions", stream)[-1]
+    assert last["choices"] == []
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert last["usage"][key] == whole["usage"][key]
+
+
+def test_clients_hanging_up_mid_stream_abort_everything_without_errors(server, caplog):
+    url, engine = server
+    body = {"prompt": ["go on", "and on"], "n": 3, "max_tokens": 400, "ignore_eos": True}
+
+    async def hang_up(client: httpx.AsyncClient, after: int) -> None:
+        async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            seen = 0
+            async for line in r.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen > after:
+                    return
+
+    async def main() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            await asyncio.gather(*(hang_up(client, i % 4) for i in range(24)))
+
+    with caplog.at_level("ERROR"):
+        asyncio.run(main())
+        for _ in range(200):
+            stats = engine.cache_stats()
+            if stats["running"] == stats["waiting"] == 0:
+                break
+            time.sleep(0.05)
+    assert stats["running"] == stats["waiting"] == 0
+    assert stats["kv_used"] == stats["cached_tokens"]
+    engine.check_invariants()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+def test_echo_returns_the_prompt_before_the_completion(server):
+    url, _ = server
+    body = {"prompt": "the tree of", "max_tokens": 4, "temperature": 0, "echo": True}
+    plain = httpx.post(url + "/v1/completions", json={**body, "echo": False}).json()
+    echoed = httpx.post(url + "/v1/completions", json=body).json()
+    assert echoed["choices"][0]["text"] == "the tree of" + plain["choices"][0]["text"]
+    streamed = "".join(
+        c["text"]
+        for e in _sse_events(url, "/v1/completions", {**body, "stream": True})
+        for c in e["choices"]
+    )
+    assert streamed == echoed["choices"][0]["text"]
+    only = httpx.post(url + "/v1/completions", json={**body, "max_tokens": 0, "logprobs": 0})
+    choice = only.json()["choices"][0]
+    prompt_tokens = only.json()["usage"]["prompt_tokens"]
+    assert choice["text"] == "the tree of"
+    assert len(choice["logprobs"]["tokens"]) == prompt_tokens
+    logprobs = choice["logprobs"]["token_logprobs"]
+    assert logprobs[0] is None and all(lp <= 0 for lp in logprobs[1:])
+
+
+def test_chat_fields_that_would_change_the_answer_are_refused(server):
+    url, _ = server
+    messages = [{"role": "user", "content": "hi"}]
+    for extra in ({"tools": [{"type": "function"}]}, {"logit_bias": {"1": 5}}):
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, **extra})
+        assert r.status_code == 400 and "not supported" in r.json()["error"]["message"]
+    ok = {"messages": messages, "max_tokens": 2, "response_format": {"type": "text"}}
+    assert httpx.post(url + "/v1/chat/completions", json=ok).status_code == 200
+
+
+def test_the_openapi_schema_documents_errors_and_constraints(server):
+    url, _ = server
+    schema = httpx.get(url + "/openapi.json").json()
+    completions = schema["paths"]["/v1/completions"]["post"]["responses"]
+    assert {"200", "400", "401", "413"} <= set(completions) and "422" not in completions
+    prompt = schema["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]
+    assert {"minLength": 1, "type": "string"}.items() <= prompt["anyOf"][0].items()

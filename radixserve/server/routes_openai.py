@@ -1,0 +1,107 @@
+"""OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter, Depends, Request
+
+from radixserve.engine import Engine, SamplingParams
+from radixserve.server.auth import namespace, tenant
+from radixserve.server.errors import BODY_ERRORS, KEY_ERRORS, ApiError
+from radixserve.server.openai_format import chat_choice, completion_choice, usage
+from radixserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from radixserve.server.streaming import openai_events, sse
+
+router = APIRouter()
+
+
+def check_model(request: Request, name: str | None) -> None:
+    served = request.app.state.model_name
+    if name is not None and name != served:
+        raise ApiError(400, f"model {name!r} is not served here; use {served!r}")
+
+
+def _head(request: Request, kind: str, prefix: str) -> dict:
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": request.app.state.model_name,
+    }
+
+
+async def _run(request: Request, source: dict, params: SamplingParams, ns: object) -> list:
+    engine: Engine = request.app.state.engine
+    outs = await engine.async_generate(sampling_params=params, namespace=ns, **source)
+    outs = outs if isinstance(outs, list) else [outs]
+    for out in outs:
+        request.app.state.on_finish(out)
+    return outs
+
+
+@router.get("/v1/models", responses=KEY_ERRORS)
+async def models(request: Request, _: str | None = Depends(tenant)):
+    name = request.app.state.model_name
+    entry = {"id": name, "object": "model", "created": 0, "owned_by": "radixserve"}
+    return {"object": "list", "data": [entry]}
+
+
+@router.post("/v1/completions", responses=BODY_ERRORS)
+async def completions(
+    body: CompletionRequest, request: Request, tenant_ns: str | None = Depends(tenant)
+):
+    check_model(request, body.model)
+    engine: Engine = request.app.state.engine
+    logprobs = body.logprobs is not None
+    params = body.sampling(
+        16,
+        n=body.n,
+        return_logprob=logprobs,
+        top_logprobs_num=body.logprobs or 0,
+        # echoed prompts come with their own logprobs
+        logprob_start_len=0 if body.echo and logprobs else -1,
+    )
+    source = body.prompts()
+    echo = None
+    if body.echo:
+        texts = source.get("prompt") or [
+            engine.tokenizer.decode(ids) for ids in source["input_ids"]
+        ]
+        echo = list(texts)
+    ns = namespace(tenant_ns, body.cache_salt)
+    head = _head(request, "text_completion", "cmpl")
+    if body.stream:
+        chunks = engine.generate_stream(sampling_params=params, namespace=ns, **source)
+        include = bool(body.stream_options and body.stream_options.include_usage)
+        on_finish = request.app.state.on_finish
+        return sse(openai_events(chunks, head, body.n, include, on_finish, False, echo))
+    outs = await _run(request, source, params, ns)
+    top = body.logprobs if logprobs else None
+    choices = [
+        completion_choice(i, o, engine.tokenizer, top, None if echo is None else echo[i // body.n])
+        for i, o in enumerate(outs)
+    ]
+    return {**head, "choices": choices, "usage": usage(outs, body.n)}
+
+
+@router.post("/v1/chat/completions", responses=BODY_ERRORS)
+async def chat(
+    body: ChatCompletionRequest, request: Request, tenant_ns: str | None = Depends(tenant)
+):
+    check_model(request, body.model)
+    engine: Engine = request.app.state.engine
+    ids = engine.apply_chat_template([m.model_dump() for m in body.messages])
+    k = body.top_logprobs or 0
+    params = body.sampling(256, n=body.n, return_logprob=body.logprobs, top_logprobs_num=k)
+    ns = namespace(tenant_ns, body.cache_salt)
+    if body.stream:
+        head = _head(request, "chat.completion.chunk", "chatcmpl")
+        chunks = engine.generate_stream(input_ids=ids, sampling_params=params, namespace=ns)
+        include = bool(body.stream_options and body.stream_options.include_usage)
+        return sse(openai_events(chunks, head, body.n, include, request.app.state.on_finish, True))
+    outs = await _run(request, {"input_ids": ids}, params, ns)
+    head = _head(request, "chat.completion", "chatcmpl")
+    choices = [chat_choice(i, o, engine.tokenizer, body.logprobs) for i, o in enumerate(outs)]
+    return {**head, "choices": choices, "usage": usage(outs, body.n)}
