@@ -8,31 +8,12 @@ query ``i`` of an extend over ``prefix_len`` cached tokens sees keys ``0 .. pref
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from radixserve.attention.forward_batch import ForwardBatch
+from radixserve.cache.shared_paths import PrefixGroupRule
 from radixserve.memory.kv_pool import KVPool
-
-
-@dataclass(frozen=True)
-class PrefixGroupRule:
-    """Which prefix groups (``batch.prefix_groups``, cascade attention) a backend runs:
-    requests sharing at least ``min_shared`` cached tokens, each with at most
-    ``max_member_tokens`` new tokens, together at least ``min_group_tokens``. The scheduler
-    forms only such groups, so the backend runs every group it is given."""
-
-    min_shared: int
-    min_group_tokens: int = 1
-    max_member_tokens: int | None = None
-
-    def takes_member(self, extend_len: int) -> bool:
-        return self.max_member_tokens is None or extend_len <= self.max_member_tokens
-
-    def takes_group(self, extend_lens: Sequence[int]) -> bool:
-        return len(extend_lens) >= 2 and sum(extend_lens) >= self.min_group_tokens
 
 
 class AttentionBackend(ABC):

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.attention.attention_plan import AttentionPlan, plan_attention
-from radixserve.attention.base import AttentionBackend, PrefixGroupRule
+from radixserve.attention.base import AttentionBackend
 from radixserve.attention.forward_batch import ForwardBatch
+from radixserve.cache.shared_paths import PrefixGroupRule
 from radixserve.csrc import load_native
 from radixserve.memory.kv_pool import KVPool
 

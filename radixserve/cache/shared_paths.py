@@ -10,8 +10,27 @@ key reads; grouping subsets deeper may save more. One level of groups per reques
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from radixserve.cache.tree_node import TreeNode
+
+
+@dataclass(frozen=True)
+class PrefixGroupRule:
+    """Which prefix groups (``batch.prefix_groups``, cascade attention) a backend runs:
+    requests sharing at least ``min_shared`` cached tokens, each with at most
+    ``max_member_tokens`` new tokens, together at least ``min_group_tokens``. The scheduler
+    forms only such groups, so the backend runs every group it is given."""
+
+    min_shared: int
+    min_group_tokens: int = 1
+    max_member_tokens: int | None = None
+
+    def takes_member(self, extend_len: int) -> bool:
+        return self.max_member_tokens is None or extend_len <= self.max_member_tokens
+
+    def takes_group(self, extend_lens: Sequence[int]) -> bool:
+        return len(extend_lens) >= 2 and sum(extend_lens) >= self.min_group_tokens
 
 
 def group_shared_paths(

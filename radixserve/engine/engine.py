@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import functools
 import logging
 import threading
@@ -25,7 +24,7 @@ from radixserve.engine.intake import RequestFactory
 from radixserve.engine.logprobs import record_logprobs
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.model_runner import ModelRunner
-from radixserve.engine.outputs import StreamCursor, request_output
+from radixserve.engine.outputs import Listener, request_output, stream_outputs
 from radixserve.engine.req import Req
 from radixserve.engine.req_cache import ReqCacheManager
 from radixserve.engine.sampler import Sampler
@@ -34,7 +33,6 @@ from radixserve.engine.scheduler import Scheduler
 from radixserve.engine.stop import StopChecker
 from radixserve.memory import KVSlotAllocator
 
-Listener = Callable[[Req, bool], None]
 logger = logging.getLogger(__name__)
 
 
@@ -110,35 +108,7 @@ class Engine:
         ``meta_info``. Bad input raises here, before anything streams; closing the iterator
         early aborts what is unfinished."""
         reqs, _ = self.requests.make(prompt, sampling_params, input_ids, namespace, rid)
-        return self._stream(reqs)
-
-    async def _stream(self, reqs: list[Req]) -> AsyncIterator[dict]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[int, bool]] = asyncio.Queue()
-
-        def listener(index: int) -> Listener:
-            def notify(_: Req, done: bool) -> None:
-                # a caller whose loop has closed reads nothing any more
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(queue.put_nowait, (index, done))
-
-            return notify
-
-        cursors = [StreamCursor(req, i) for i, req in enumerate(reqs)]
-        for i, req in enumerate(reqs):
-            self._submit(req, listener(i))
-        live = len(reqs)
-        try:
-            while live:
-                index, done = await queue.get()
-                live -= done
-                if (chunk := cursors[index].chunk(done)) is not None:
-                    yield chunk
-        finally:
-            if not self._stopping:
-                for req in reqs:
-                    if not req.finished:
-                        self.abort(req.rid)
+        return stream_outputs(reqs, self._submit, self.abort, lambda: self._stopping)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
         """Token ids of ``messages`` rendered by the model's chat template."""
@@ -176,22 +146,7 @@ class Engine:
 
     def cache_stats(self) -> dict:
         """Prefix-cache and serving metrics, read on the scheduler thread."""
-        return self._on_loop(self._stats)
-
-    def _stats(self) -> dict:
-        s, alloc = self.scheduler, self.allocator
-        return {
-            **self.metrics.snapshot(),
-            "cached_tokens": self.cache.total_size,
-            "evictable_tokens": self.cache.evictable_size,
-            "protected_tokens": self.cache.protected_size,
-            "kv_capacity": alloc.capacity,
-            "kv_used": alloc.num_used,
-            "kv_usage": alloc.num_used / alloc.capacity,
-            "memory_dedup_ratio": s.dedup_ratio,
-            "running": len(s.running),
-            "waiting": len(s.waiting),
-        }
+        return self._on_loop(lambda: self.metrics.snapshot(self.cache, self.scheduler))
 
     def check_invariants(self) -> None:
         """Audit the cache and slot accounting (from any thread; waits for the loop)."""

@@ -10,8 +10,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from radixserve.cache import BasePrefixCache
+
+if TYPE_CHECKING:
+    from radixserve.engine.scheduler import Scheduler
 
 WINDOW = 10_000
 
@@ -57,7 +63,9 @@ class EngineMetrics:
             self.ttft_s.append(ttft_s)
             self.latency_s.append(latency_s)
 
-    def snapshot(self) -> dict:
+    def snapshot(self, cache: BasePrefixCache, scheduler: Scheduler) -> dict:
+        """Every figure, with what the cache holds and the scheduler runs right now."""
+        alloc = scheduler.req_cache.allocator
         elapsed = time.perf_counter() - self.started_s
         ttft, latency = _quantiles(self.ttft_s), _quantiles(self.latency_s)
         lookup = _quantiles(self.lookup_s)
@@ -83,6 +91,15 @@ class EngineMetrics:
             "latency_p99_s": latency[1],
             "lookup_p50_us": 1e6 * lookup[0],
             "lookup_p99_us": 1e6 * lookup[1],
+            "cached_tokens": cache.total_size,
+            "evictable_tokens": cache.evictable_size,
+            "protected_tokens": cache.protected_size,
+            "kv_capacity": alloc.capacity,
+            "kv_used": alloc.num_used,
+            "kv_usage": alloc.num_used / alloc.capacity,
+            "memory_dedup_ratio": scheduler.dedup_ratio,
+            "running": len(scheduler.running),
+            "waiting": len(scheduler.waiting),
         }
 
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Callable
 
 from radixserve.engine.req import Req
 from radixserve.engine.stop import stable_text
+
+# called on the scheduler thread with the request and whether it finished
+Listener = Callable[[Req, bool], None]
 
 
 def request_output(req: Req) -> dict:
@@ -59,3 +65,39 @@ class StreamCursor:
         if done:
             chunk["meta_info"] = request_output(req)["meta_info"]
         return chunk
+
+
+async def stream_outputs(
+    reqs: list[Req],
+    submit: Callable[[Req, Listener], object],
+    abort: Callable[[str], None],
+    stopping: Callable[[], bool],
+) -> AsyncIterator[dict]:
+    """Submit ``reqs`` and yield their chunks as the scheduler thread advances them, through
+    one queue on the caller's loop; closing early aborts the unfinished ones."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[int, bool]] = asyncio.Queue()
+
+    def listener(index: int) -> Listener:
+        def notify(_: Req, done: bool) -> None:
+            # a caller whose loop has closed reads nothing any more
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, (index, done))
+
+        return notify
+
+    cursors = [StreamCursor(req, i) for i, req in enumerate(reqs)]
+    for i, req in enumerate(reqs):
+        submit(req, listener(i))
+    live = len(reqs)
+    try:
+        while live:
+            index, done = await queue.get()
+            live -= done
+            if (chunk := cursors[index].chunk(done)) is not None:
+                yield chunk
+    finally:
+        if not stopping():
+            for req in reqs:
+                if not req.finished:
+                    abort(req.rid)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from radixserve.attention.base import PrefixGroupRule
 from radixserve.cache import RadixCache
+from radixserve.cache.shared_paths import PrefixGroupRule
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.policy import order_waiting
@@ -170,7 +170,7 @@ class Scheduler:
         # Prompts being prefilled (admitted this step, or chunks still to go), to spot a later
         # one that would share their uncached prefix: it waits and then hits the cache
         # instead of recomputing it.
-        admitted = RadixCache(self.page)
+        admitted = RadixCache(self.page, native_matcher=False)  # a few short paths
         for req in self.running:
             if req.computed_len < req.seq_len - 1:
                 admitted.insert(req.seq(), np.zeros(req.seq_len, dtype=np.int64), req.namespace)

