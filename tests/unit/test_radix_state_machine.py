@@ -22,7 +22,7 @@ from radixserve.cache import RadixCache
 from radixserve.cache.block_hash import BlockHashCache, block_hash, root_hash
 from radixserve.memory import KVSlotAllocator
 
-from .tree_utils import alloc_and_insert, cached_positions
+from .tree_utils import cached_positions
 
 NAMESPACES = st.sampled_from([None, "a", "b"])
 TOKENS = st.lists(st.integers(0, 3), max_size=40)
@@ -82,10 +82,25 @@ class RadixCacheMachine(RuleBasedStateMachine):
         if self.cache.allocator.num_free < needed:
             return (tokens, namespace)
         expected = len(self.ref_match(tokens, namespace))
-        cached, slots = alloc_and_insert(self.cache, tokens, namespace)
-        assert cached == expected
-        self.record(tokens, namespace, cached, slots)
+        alloc = self.cache.allocator
+        slots = alloc.alloc(len(tokens))
+        done = self.cache.insert(tokens, slots[: len(tokens)], namespace)
+        assert done.prefix_len == expected
+        alloc.free(np.concatenate([slots[: done.prefix_len], slots[done.match.length :]]))
+        self.record(tokens, namespace, done.prefix_len, slots)
+        # the path it hands back is what a match of the sequence would give
+        assert done.match.length == len(tokens) - len(tokens) % self.page_size
+        assert done.match.slots.tolist() == self.ref_match(tokens, namespace)
         return (tokens, namespace)
+
+    @rule(item=sequences, extra=TOKENS)
+    def peek(self, item, extra):
+        tokens, namespace = item
+        # no split, no recency refresh (the picture shows both), no counters
+        before = (self.cache.pretty_print(), self.cache.stats())
+        length, _ = self.cache.peek_prefix(tokens + extra, namespace)
+        assert length == len(self.ref_match(tokens + extra, namespace))
+        assert (self.cache.pretty_print(), self.cache.stats()) == before
 
     @rule(item=sequences, extra=TOKENS, other_namespace=NAMESPACES)
     def match(self, item, extra, other_namespace):
