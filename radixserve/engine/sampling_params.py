@@ -35,6 +35,7 @@ class SamplingParams:
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (self.n >= 1, f"n must be >= 1, got {self.n}"),
+            (self.seed is None or abs(self.seed) < 2**63, "seed must fit in 64 bits"),
             (self.top_logprobs_num >= 0, "top_logprobs_num must be >= 0"),
             (self.logprob_start_len >= -1, "logprob_start_len must be >= -1"),
         ]

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixserve.engine import Engine
 from radixserve.server import routes_native, routes_openai
@@ -71,6 +72,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if _names_a_field(p))
         return error_response(400, f"{where}: {first.get('msg', 'invalid request')}".strip(": "))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # a body that does not parse, an unknown route: the same error shape as the rest
+        return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):

@@ -39,3 +39,11 @@ BODY_ERRORS: dict[int | str, dict] = {
     413: _doc("request body too large"),
 }
 KEY_ERRORS: dict[int | str, dict] = {401: BODY_ERRORS[401]}
+# Routes that stream server-sent events when the body asks for ``stream``.
+STREAMING = {
+    **BODY_ERRORS,
+    200: {
+        "description": "the result, or with `stream` a stream of server-sent events",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    },
+}

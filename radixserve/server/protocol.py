@@ -7,9 +7,11 @@ those gets a 400 naming it instead of an answer that silently ignores it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.dataclasses import dataclass
 
 from radixserve.engine import SamplingParams
 
@@ -18,6 +20,13 @@ Text = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 # A field this server rejects: documented in the schema so clients see it is not ignored.
 Unsupported = Field(default=None, description="not supported: setting it gets a 400")
+MAX_SAMPLES = 16  # n per prompt
+
+
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class NativeSamplingParams(SamplingParams):
+    """``SamplingParams`` as ``/generate`` takes them: an unknown key (``max_tokens`` for
+    ``max_new_tokens``, say) is an error, not a setting silently left at its default."""
 
 
 class _Body(BaseModel):
@@ -33,9 +42,9 @@ class _OpenAIBase(_Body):
     max_tokens: int | None = Field(default=None, ge=0)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=16)
+    n: int = Field(default=1, ge=1, le=MAX_SAMPLES)
     stop: Text | list[Text] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, gt=-(2**63), lt=2**63)
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
@@ -131,7 +140,7 @@ class ChatCompletionRequest(_OpenAIBase):
 class GenerateRequest(_Body):
     text: Text | Annotated[list[Text], Field(min_length=1)] | None = None
     input_ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] | None = None
-    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
     stream: bool = False
     return_logprob: bool = False
     logprob_start_len: int = Field(default=-1, ge=-1)
@@ -142,7 +151,21 @@ class GenerateRequest(_Body):
     def _one_source(self):
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("pass exactly one of text and input_ids")
+        if self.sampling_params.n > MAX_SAMPLES:
+            raise ValueError(f"sampling_params.n must be <= {MAX_SAMPLES}")
+        defaults = SamplingParams()
+        for name in ("return_logprob", "logprob_start_len", "top_logprobs_num"):
+            if getattr(self.sampling_params, name) != getattr(defaults, name):
+                raise ValueError(f"give {name} beside sampling_params, not inside them")
         return self
+
+    def sampling(self) -> SamplingParams:
+        return dataclasses.replace(
+            self.sampling_params,
+            return_logprob=self.return_logprob,
+            logprob_start_len=self.logprob_start_len,
+            top_logprobs_num=self.top_logprobs_num,
+        )
 
 
 class TokenizeRequest(_Body):

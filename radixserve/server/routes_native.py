@@ -9,9 +9,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from radixserve.cache import CacheInvariantError
-from radixserve.engine import Engine, SamplingParams
+from radixserve.engine import Engine
 from radixserve.server.auth import namespace, tenant
-from radixserve.server.errors import BODY_ERRORS
+from radixserve.server.errors import BODY_ERRORS, STREAMING
 from radixserve.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from radixserve.server.routes_openai import check_model
 from radixserve.server.streaming import sse
@@ -24,7 +24,7 @@ async def health():
     return {"status": "ok"}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def prometheus(request: Request):
     metrics = request.app.state.metrics
     text = await asyncio.to_thread(metrics.render)
@@ -78,17 +78,12 @@ async def flush_cache(request: Request):
     return JSONResponse({"flushed": flushed}, status_code=200 if flushed else 409)
 
 
-@router.post("/generate", responses=BODY_ERRORS)
+@router.post("/generate", responses=STREAMING)
 async def generate(
     body: GenerateRequest, request: Request, tenant_ns: str | None = Depends(tenant)
 ):
     engine: Engine = request.app.state.engine
-    params = SamplingParams(
-        **body.sampling_params,
-        return_logprob=body.return_logprob,
-        logprob_start_len=body.logprob_start_len,
-        top_logprobs_num=body.top_logprobs_num,
-    )
+    params = body.sampling()
     source = {"prompt": body.text} if body.text is not None else {"input_ids": body.input_ids}
     ns = namespace(tenant_ns, body.cache_salt)
     if body.stream:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 
 from radixserve.engine import Engine, SamplingParams
 from radixserve.server.auth import namespace, tenant
-from radixserve.server.errors import BODY_ERRORS, KEY_ERRORS, ApiError
+from radixserve.server.errors import KEY_ERRORS, STREAMING, ApiError
 from radixserve.server.openai_format import chat_choice, completion_choice, usage
 from radixserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from radixserve.server.streaming import openai_events, sse
@@ -48,7 +48,7 @@ async def models(request: Request, _: str | None = Depends(tenant)):
     return {"object": "list", "data": [entry]}
 
 
-@router.post("/v1/completions", responses=BODY_ERRORS)
+@router.post("/v1/completions", responses=STREAMING)
 async def completions(
     body: CompletionRequest, request: Request, tenant_ns: str | None = Depends(tenant)
 ):
@@ -86,7 +86,7 @@ async def completions(
     return {**head, "choices": choices, "usage": usage(outs, body.n)}
 
 
-@router.post("/v1/chat/completions", responses=BODY_ERRORS)
+@router.post("/v1/chat/completions", responses=STREAMING)
 async def chat(
     body: ChatCompletionRequest, request: Request, tenant_ns: str | None = Depends(tenant)
 ):
