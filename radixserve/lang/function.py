@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from radixserve.lang.backend import BaseBackend, as_backend
-from radixserve.lang.primitives import GEN_DEFAULTS
+from radixserve.lang.primitives import GEN_FIELDS
 from radixserve.lang.state import ProgramError, ProgramState
 
 _default_backend: BaseBackend | None = None
@@ -47,7 +47,7 @@ class Program:
         args, defaults = {}, {}
         for key, value in kwargs.items():
             name = "max_new_tokens" if key == "max_tokens" else key
-            if key not in self.arg_names and name in GEN_DEFAULTS:
+            if key not in self.arg_names and name in GEN_FIELDS:
                 defaults[name] = value
             else:
                 args[key] = value

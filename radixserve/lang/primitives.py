@@ -8,20 +8,23 @@ from typing import Any
 
 from radixserve.engine import SamplingParams
 
-# Sampling fields a gen may set; unset ones fall back to the run's defaults, then to these.
-GEN_DEFAULTS: dict[str, Any] = {
-    "max_new_tokens": 128,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "top_k": -1,
-    "min_p": 0.0,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "stop": None,
-    "ignore_eos": False,
-    "seed": None,
-}
+# Sampling fields a gen may set; unset ones fall back to the run's defaults, then to
+# SamplingParams' own.
+GEN_FIELDS = frozenset(
+    {
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "stop",
+        "ignore_eos",
+        "seed",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -30,10 +33,10 @@ class Gen:
     overrides: dict[str, Any] = field(default_factory=dict)
 
     def params(self, defaults: dict[str, Any]) -> SamplingParams:
-        unknown = set(defaults) - set(GEN_DEFAULTS)
+        unknown = set(defaults) - GEN_FIELDS
         if unknown:
             raise ValueError(f"unknown sampling defaults {sorted(unknown)}")
-        return SamplingParams(**{**GEN_DEFAULTS, **defaults, **self.overrides})
+        return SamplingParams(**{**defaults, **self.overrides})
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ def gen(
         "seed": seed,
     }
     overrides = {k: v for k, v in given.items() if v is not None}
-    SamplingParams(**{**GEN_DEFAULTS, **overrides})  # bad values fail here, where they are written
+    SamplingParams(**overrides)  # bad values fail here, where they are written
     return Gen(name, overrides)
 
 
