@@ -104,9 +104,6 @@ class ReqCacheManager:
         req.slots, req.last_node = _NO_SLOTS, None
         req.cached_len = req.computed_len = 0
 
-    def check_invariants(self, running: list[Req]) -> None:
-        self.cache.check_invariants(slots_held(running))
-
 
 def slots_held(running: list[Req]) -> int:
     """Slots running requests own outside the cache."""
