@@ -7,13 +7,23 @@ of one conversation, then adds unseen tokens, so its hit length is known exactly
 
 from __future__ import annotations
 
+import argparse
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from radixserve.bench.report import (
+    Column,
+    TableSpec,
+    num,
+    plot_or_explain,
+    print_tables,
+    with_progress,
+    write_json,
+)
 from radixserve.bench.simulate import serve_without_model
 from radixserve.cache import RadixCache
 from radixserve.memory import KVSlotAllocator
@@ -232,3 +242,51 @@ def _si(n: int) -> str:
         if n >= size:
             return f"{n / size:g}{unit}"
     return str(n)
+
+
+TABLES = (
+    TableSpec(
+        "rows",
+        "radix tree latency (best of rounds)",
+        (
+            Column("page_size", "page"),
+            Column("group", "tree", wide=True),
+            Column("tree_tokens", "cached tokens"),
+            Column("hit_len", "tokens/op"),
+            Column("op", "op"),
+            Column("p50_us", "p50 µs", num(1)),
+            Column("p99_us", "p99 µs", num(1)),
+        ),
+    ),
+)
+QUICK = {
+    "tree_sizes": (10_000,),
+    "hit_lens": (128, 1024),
+    "include_peer_shape": False,
+    "queries": 50,
+    "rounds": 1,
+    "evict_leaves": 2000,
+    "evictions": 200,
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--page-sizes", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--quick", action="store_true", help="a small grid, for smoke tests")
+    p.add_argument("--plot", help="write a PNG chart to this file")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = CacheBenchConfig(page_sizes=tuple(args.page_sizes), seed=args.seed)
+    if args.quick:
+        cfg = replace(cfg, **QUICK)
+    rows = with_progress("bench cache", num_steps(cfg), lambda step: run_cache_bench(cfg, step))
+    print_tables({"rows": rows}, TABLES, args.wide)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), "rows": rows})
+    if args.plot:
+        from radixserve.bench import plots
+
+        return plot_or_explain(lambda: plots.plot_cache_bench(rows, args.plot))
+    return 0

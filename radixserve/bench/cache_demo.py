@@ -6,6 +6,7 @@ no prefill, and how much KV memory sharing saves.
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ from rich.progress import track
 from rich.table import Table
 
 from radixserve.bench.simulate import serve_without_model
-from radixserve.bench.workloads import MultiTurnChat
+from radixserve.bench.workloads import MultiTurnChat, optimal_hit_rate
 from radixserve.cache import RadixCache
 from radixserve.memory import KVSlotAllocator
 
@@ -48,16 +49,15 @@ class DemoResult:
 def run_demo(
     workload: MultiTurnChat, page_size: int, capacity: int | None, progress: bool = True
 ) -> DemoResult:
-    """Serve the workload in a tree of ``capacity`` KV slots (unbounded when None) and, beside
-    it, in an unbounded page-size-1 tree: every distinct prefix token computed once, the
-    best any cache can do."""
+    """Serve the workload in a tree of ``capacity`` KV slots (unbounded when None), beside
+    the optimal: every distinct page of prefix computed once, the best a cache of this page
+    size can do."""
     requests = list(workload.requests())
     total = sum(len(r.sequence) for r in requests)
     slots = capacity or -(-total // page_size) * page_size + page_size
     cache = RadixCache(page_size, KVSlotAllocator(slots, page_size))
-    optimal = RadixCache(1)
     latest: dict[int, int] = {}
-    hit_tokens = optimal_hits = request_hits = next_slot = 0
+    hit_tokens = request_hits = 0
     lookups_ns = []
     items = track(requests, description="serving") if progress else requests
     for req in items:
@@ -66,16 +66,14 @@ def run_demo(
         lookups_ns.append(time.perf_counter_ns() - t0)
         hit_tokens += hit
         request_hits += hit > 0
-        n = len(req.sequence)
-        already = optimal.insert(req.sequence, np.arange(n) + next_slot).prefix_len
-        optimal_hits += min(len(req.prompt), already)
-        next_slot += n
         latest[req.conversation] = len(req.sequence)
+    prompt_tokens = sum(len(r.prompt) for r in requests)
+    optimal = optimal_hit_rate([(r.prompt, r.output) for r in requests], page_size)
     return DemoResult(
         requests=len(requests),
-        prompt_tokens=sum(len(r.prompt) for r in requests),
+        prompt_tokens=prompt_tokens,
         hit_tokens=hit_tokens,
-        optimal_hit_tokens=optimal_hits,
+        optimal_hit_tokens=round(optimal * prompt_tokens),
         request_hits=request_hits,
         resident_without_sharing=sum(latest.values()),
         cached_tokens=cache.total_size,
@@ -111,3 +109,25 @@ def print_demo(workload: MultiTurnChat, page_size: int, result: DemoResult) -> N
     table.add_row("evicted tokens", f"{r.evicted_tokens:,}")
     table.add_row("cache work per request (p50)", f"{r.lookup_p50_us:.1f} µs")
     console.print(table)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--system-prompts", type=int, default=4)
+    p.add_argument("--system-prompt-len", type=int, default=1024)
+    p.add_argument("--conversations", type=int, default=64)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--capacity", type=int, default=None, help="KV slots (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    workload = MultiTurnChat(
+        num_system_prompts=args.system_prompts,
+        system_prompt_len=args.system_prompt_len,
+        num_conversations=args.conversations,
+        turns=args.turns,
+        seed=args.seed,
+    )
+    print_demo(workload, args.page_size, run_demo(workload, args.page_size, args.capacity))
+    return 0

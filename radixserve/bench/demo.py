@@ -7,6 +7,7 @@ radix cache saves: prefill work, time to first token, throughput.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import time
@@ -125,3 +126,27 @@ def print_results(
         )
     console.print(table)
     console.print("hit rate: prompt tokens served from the cache; tok/s: prompt + output tokens")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument("--users", type=int, default=12)
+    p.add_argument("--turns", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--attention-backend", default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    work = DemoWorkload(users=args.users, turns=args.turns, max_new_tokens=args.max_new_tokens)
+    options = dict(
+        page_size=args.page_size,
+        device=args.device,
+        dtype=args.dtype,
+        attention_backend=args.attention_backend,
+    )
+    results = run_demo(args.model, work, **options)
+    print_results(args.model, work, results, where=f"{args.device}, {args.dtype}")
+    return 0

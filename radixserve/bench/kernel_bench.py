@@ -18,10 +18,11 @@ against the time to read the weights once.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -34,13 +35,23 @@ from radixserve.attention import (
     PrefixGroup,
     TorchAttentionBackend,
 )
+from radixserve.bench.report import (
+    Column,
+    TableSpec,
+    num,
+    plot_or_explain,
+    print_tables,
+    times,
+    with_progress,
+    write_json,
+)
+from radixserve.bench.timing import medians, time_alternating
 from radixserve.cache.tokens import encode_tokens
 from radixserve.csrc import load_native
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model.presets import preset_hf_config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-TARGETS = {"decode": 3.0, "decode_of_limit": 1.5, "cascade": 5.0, "matcher_us": 5.0}
 
 
 @dataclass(frozen=True)
@@ -91,14 +102,12 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dic
     step("matcher")
     bandwidth = float(np.median([r["bandwidth_gb_s"] for r in rows]))
     read = float(np.median([r["read_gb_s"] for r in rows]))
-    targets = check_targets(rows + matcher)
     return {
         "bandwidth_gb_s": bandwidth,
         "read_gb_s": read,
         "rows": rows,
         "linear": linear,
         "matcher": matcher,
-        "targets": targets,
     }
 
 
@@ -258,19 +267,7 @@ def _forward(backend, batch: ForwardBatch, q, kv) -> Callable[[], object]:
 
 
 def _alternate(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
-    for call in calls.values():
-        call()  # warm up
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(reps):
-        for name, call in calls.items():
-            times[name].append(_time(call))
-    return {name: float(np.median(t)) for name, t in times.items()}
-
-
-def _time(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
+    return medians(time_alternating(calls, reps))
 
 
 def linear_rows_bench(
@@ -387,40 +384,104 @@ def _walk_p50_us(cache, queries: list[np.ndarray]) -> float:
 def _p50_us(calls: list[Callable[[], object]]) -> float:
     gc.disable()
     try:
-        times = [_time(call) for call in calls]
+        times = []
+        for call in calls:
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
     finally:
         gc.enable()
     return float(np.median(times) * 1e6)
 
 
-def check_targets(rows: list[dict]) -> list[dict]:
-    out = []
-    for r in rows:
-        if r["kernel"] == "decode" and r["case"] == "32 x 2048":
-            out.append(_target(f"decode {r['dtype']} 32x2k vs torch", r["speedup"], "decode"))
-            # The limit is the copy bandwidth's; the read-only one is stricter, ours.
-            for key, limit in (("of_limit", "copy"), ("of_read_limit", "read (stricter)")):
-                out.append(
-                    _target(
-                        f"decode {r['dtype']} 32x2k time / {limit} bandwidth limit",
-                        r[key],
-                        "decode_of_limit",
-                        below=True,
-                    )
-                )
-        if r["kernel"] == "cascade":
-            out.append(_target(f"cascade {r['dtype']} vs plain native", r["speedup"], "cascade"))
-        if r["kernel"] == "matcher" and r["case"].startswith("full hit"):
-            walk = r["native_walk_us"] or r["python_walk_us"]
-            out.append(_target("4k-token walk p50 µs", walk, "matcher_us", below=True))
-    return out
+TABLES = (
+    TableSpec(
+        "rows",
+        "attention, one layer (ms, medians)",
+        (
+            Column("kernel", "kernel"),
+            Column("dtype", "dtype"),
+            Column("case", "batch x context"),
+            Column("torch_ms", "torch", num(2)),
+            Column("plain_ms", "plain native", num(2), wide=True),
+            Column("native_ms", "native", num(2)),
+            Column("speedup", "speedup", times),
+            Column("limit_ms", "copy limit", num(2), wide=True),
+            Column("of_limit", "x copy limit", num(2)),
+            Column("read_limit_ms", "read limit", num(2), wide=True),
+            Column("of_read_limit", "x read limit", num(2), wide=True),
+            Column("bandwidth_gb_s", "copy GB/s", num(1), wide=True),
+            Column("read_gb_s", "read GB/s", num(1), wide=True),
+            Column("gemm_ms", "dense GEMM ms", num(2), wide=True),
+            Column("gemm_ceiling", "plain / GEMM", times, wide=True),
+        ),
+    ),
+    TableSpec(
+        "linear",
+        "linear layers at a few rows (every layer's projections; speedup over torch's faster)",
+        (
+            Column("dtype", "dtype"),
+            Column("case", "case"),
+            Column("weight_mb", "weights MB", num(0), wide=True),
+            Column("torch_ms", "F.linear ms", num(1)),
+            Column("weight_first_ms", "weight-first ms", num(1), wide=True),
+            Column("native_ms", "native ms", num(1)),
+            Column("speedup", "speedup", times),
+            Column("gflop_s", "GFLOP/s", num(1)),
+            Column("read_limit_ms", "read limit ms", num(1), wide=True),
+            Column("of_read_limit", "x read limit", num(2)),
+        ),
+    ),
+    TableSpec(
+        "matcher",
+        "the radix tree's walk, p50 µs",
+        (
+            Column("case", "case"),
+            Column("python_walk_us", "Python walk", num(1)),
+            Column("native_walk_us", "native scan", num(1)),
+            Column("cold_key_walk_us", "native, key cold", num(1)),
+            Column("match_prefix_us", "match_prefix", num(1)),
+        ),
+    ),
+)
+
+QUICK = {
+    "batches": (1, 4),
+    "contexts": (64, 600),
+    "extends": ((2, 40, 24),),
+    "cascade_batch": 4,
+    "cascade_prefix": 300,
+    "cascade_suffix": 8,
+    "linear_rows": (1, 5),
+    "linear_layers": 2,
+    "matcher_tree_tokens": 20_000,
+    "matcher_hit": 1024,
+    "reps": 1,
+}
 
 
-def _target(name: str, value: float, key: str, below: bool = False) -> dict:
-    target = TARGETS[key]
-    return {
-        "target": name,
-        "value": value,
-        "goal": f"<= {target}" if below else f">= {target}",
-        "met": "yes" if (value <= target if below else value >= target) else "no",
-    }
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="bench-135m", help="a preset whose shape to use")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--reps", type=int, default=5, help="alternating calls per case")
+    p.add_argument("--quick", action="store_true", help="small shapes, for smoke tests")
+    p.add_argument("--plot", help="write a PNG chart to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    if load_native() is None:
+        print("the native kernels could not be built (see the log above)")
+        return 1
+    cfg = KernelBenchConfig(preset=args.model, dtypes=tuple(args.dtypes), reps=args.reps)
+    if args.quick:
+        cfg = replace(cfg, **QUICK)
+    out = with_progress("bench kernels", num_steps(cfg), lambda s: run_kernel_bench(cfg, s))
+    print(f"copy {out['bandwidth_gb_s']:.1f} GB/s, read {out['read_gb_s']:.1f} GB/s (medians)")
+    print_tables(out, TABLES, args.wide)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), **out})
+    if args.plot:
+        from radixserve.bench import plots
+
+        return plot_or_explain(lambda: plots.plot_kernel_bench(out["rows"], args.plot))
+    return 0

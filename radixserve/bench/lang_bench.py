@@ -7,11 +7,23 @@ tokens a decode step already computed (a reply the next call extends) count as c
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from radixserve.bench.report import (
+    Column,
+    TableSpec,
+    num,
+    pct,
+    print_tables,
+    times,
+    with_progress,
+    write_json,
+)
+from radixserve.bench.workloads import optimal_hit_rate
 from radixserve.engine import Engine, SamplingParams
 from radixserve.lang import EngineBackend, assistant, function, gen, system, user
 from radixserve.lang.backend import OnText
@@ -64,39 +76,6 @@ class RecordingBackend(EngineBackend):
         for choice, out in zip(choices, outs, strict=True):
             self._record([*context_ids, *choice], out)
         return outs
-
-
-class _Node:
-    __slots__ = ("children", "decoded", "needed")
-
-    def __init__(self) -> None:
-        self.children: dict[int, _Node] = {}
-        self.needed = self.decoded = False
-
-
-def optimal_hit_rate(calls: Sequence[Call]) -> float:
-    """1 - (distinct prompt prefixes no decode step computed) / (all prompt tokens)."""
-    root = _Node()
-
-    def walk(ids: Sequence[int], mark: Callable[[_Node, int], None]) -> None:
-        node = root
-        for depth, token in enumerate(ids):
-            node = node.children.setdefault(token, _Node())
-            mark(node, depth)
-
-    for c in calls:
-        walk(c.input_ids, lambda n, d: setattr(n, "needed", True))
-    for c in calls:  # a reply's tokens but the last had their K/V computed while decoding
-        prompt_len = len(c.input_ids)
-        seq = c.input_ids + c.output_ids[:-1]
-        walk(seq, lambda n, d, p=prompt_len: setattr(n, "decoded", n.decoded or d >= p))
-    must_compute, stack = 0, [root]
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children.values())
-        must_compute += node.needed and not node.decoded
-    total = sum(len(c.input_ids) for c in calls)
-    return 1 - must_compute / total
 
 
 @function
@@ -175,7 +154,7 @@ def run_once(cfg: LangBenchConfig, program: str, cache_on: bool) -> dict:
     calls = backend.calls
     prompt = sum(len(c.input_ids) for c in calls)
     hit = sum(c.cached_tokens for c in calls) / prompt
-    optimal = optimal_hit_rate(calls)
+    optimal = optimal_hit_rate([(c.input_ids, c.output_ids) for c in calls], cfg.page_size)
     return {
         "program": program,
         "cache": "radix" if cache_on else "off",
@@ -209,3 +188,47 @@ def run_lang_bench(
         off = best[(row["program"], "off")]
         row["speedup"] = off["seconds"] / row["seconds"]
     return rows
+
+
+TABLES = (
+    TableSpec(
+        "rows",
+        "DSL programs with run_batch",
+        (
+            Column("program", "program"),
+            Column("cache", "cache"),
+            Column("programs", "programs", wide=True),
+            Column("calls", "calls"),
+            Column("prompt_tokens", "prompt tokens", wide=True),
+            Column("programs_s", "programs/s", num(2)),
+            Column("speedup", "speedup", times),
+            Column("hit_rate", "hit rate", pct),
+            Column("optimal_hit_rate", "optimal", pct),
+            Column("of_optimal", "of optimal", pct, wide=True),
+        ),
+    ),
+)
+QUICK = {"few_shot_questions": 12, "tot_programs": 2, "tot_width": 2, "max_tokens": 4, "rounds": 1}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument("--programs", nargs="+", default=["all"], help="few-shot, tree-of-thought")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="small batches, for smoke tests")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = LangBenchConfig(model=args.model, rounds=args.rounds, seed=args.seed)
+    if args.quick:
+        cfg = replace(cfg, **QUICK)
+    programs = list(PROGRAMS) if args.programs == ["all"] else args.programs
+    if unknown := set(programs) - set(PROGRAMS):
+        raise ValueError(f"unknown programs {sorted(unknown)}; choose from {sorted(PROGRAMS)}")
+    total = len(programs) * 2 * cfg.rounds
+    rows = with_progress("bench lang", total, lambda step: run_lang_bench(cfg, programs, step))
+    print_tables({"rows": rows}, TABLES, args.wide)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), "rows": rows})
+    return 0

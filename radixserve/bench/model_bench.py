@@ -10,16 +10,18 @@ cost minutes and does not change the work of a decode step.
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
 import torch
 
 from radixserve.attention import ExtendRequest, ForwardBatch, create_attention_backend
+from radixserve.bench.report import Column, TableSpec, num, print_tables, with_progress, write_json
 from radixserve.memory import KVSlotAllocator
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model.loader import LoadedModel
@@ -207,3 +209,41 @@ def _row(dtype: str, case: str, tokens: int, t_ours: float, t_theirs: float) -> 
 
 def num_steps(cfg: ModelBenchConfig) -> int:
     return len(cfg.dtypes) * (len(cfg.prefill_lens) + len(cfg.decode_batches))
+
+
+TABLES = (
+    TableSpec(
+        "rows",
+        "forward throughput (tokens/s, medians of alternating calls)",
+        (
+            Column("dtype", "dtype"),
+            Column("case", "case"),
+            Column("attention", "attention", wide=True),
+            Column("ours_tok_s", "radixserve", num(1)),
+            Column("transformers_tok_s", "transformers", num(1)),
+            Column("ratio", "ratio", num(2)),
+        ),
+    ),
+)
+QUICK = {"prefill_lens": (64,), "decode_batches": (1, 4), "context": 64, "decode_steps": 2}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="bench-135m", help="a preset")
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    p.add_argument("--attention-backend", default="auto", help="auto, torch or native")
+    p.add_argument("--quick", action="store_true", help="small shapes, for smoke tests")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = ModelBenchConfig(
+        preset=args.model, dtypes=tuple(args.dtypes), attention_backend=args.attention_backend
+    )
+    if args.quick:
+        cfg = replace(cfg, reps=1, **QUICK)
+    rows = with_progress("bench model", num_steps(cfg), lambda step: run_model_bench(cfg, step))
+    print(f"{cfg.preset}, {torch.get_num_threads()} threads")
+    print_tables({"rows": rows}, TABLES, args.wide)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), "rows": rows})
+    return 0

@@ -8,6 +8,7 @@ server audits its cache accounting and is stopped with SIGTERM, which must exit 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import random
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from radixserve.bench.report import Column, TableSpec, num, pct, print_tables, times, write_json
 from radixserve.bench.server_process import ServerProcess
 from radixserve.model.tokenizer import _corpus
 
@@ -215,3 +217,73 @@ def run_serve_bench(cfg: ServeBenchConfig, on_done: Callable[[], None]) -> list[
     for r in rows:
         r["speedup"] = r["req_s"] / off["req_s"] if off and off["req_s"] else float("nan")
     return rows
+
+
+TABLES = (
+    TableSpec(
+        "rows",
+        "the HTTP server under load",
+        (
+            Column("config", "cache"),
+            Column("errors", "errors"),
+            Column("req_s", "req/s", num(2)),
+            Column("ttft_p50_ms", "TTFT p50", num(0)),
+            Column("ttft_p99_ms", "TTFT p99", num(0)),
+            Column("itl_p50_ms", "ITL p50", num(0)),
+            Column("itl_p99_ms", "ITL p99", num(0)),
+            Column("hit_rate", "hit rate", pct),
+            Column("speedup", "speedup", times, wide=True),
+            Column("invariants", "invariants", wide=True),
+            Column("shutdown", "SIGTERM", wide=True),
+        ),
+    ),
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument("--requests", type=int, default=128)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument(
+        "--request-rate", type=float, default=float("inf"), help="req/s (default: all at once)"
+    )
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--system-prompts", type=int, default=4)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--configs", nargs="+", default=["radix", "off"], help="radix and/or off")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    cfg = ServeBenchConfig(
+        model=args.model,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        max_tokens=args.max_tokens,
+        system_prompts=args.system_prompts,
+        page_size=args.page_size,
+        configs=tuple(args.configs),
+        seed=args.seed,
+    )
+    with Progress(transient=True) as progress:
+        task = progress.add_task("bench serve", total=cfg.requests * len(cfg.configs))
+        rows = run_serve_bench(cfg, lambda: progress.advance(task))
+    rate = "all at once" if cfg.request_rate == float("inf") else f"{cfg.request_rate:g} req/s"
+    print(
+        f"{cfg.model} over HTTP: {cfg.requests} streamed chats, {cfg.system_prompts} shared "
+        f"system prompts, {cfg.concurrency} concurrent, {rate}, {cfg.max_tokens} tokens each; "
+        "latencies in ms"
+    )
+    print_tables({"rows": rows}, TABLES, args.wide)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), "rows": rows})
+    failed = [
+        r for r in rows if r["errors"] or r["invariants"] != "ok" or r["shutdown"] != "graceful"
+    ]
+    for r in failed:
+        why = r["first_error"] or f"invariants {r['invariants']}, shutdown {r['shutdown']}"
+        print(f"{r['config']}: failed: {why}")
+    return 1 if failed else 0

@@ -1,34 +1,38 @@
 """``radixserve bench serving``: the suite's workloads through the engine in several
 configurations, side by side, plus transformers' batched ``generate`` and (when given) vLLM.
 
-Configurations alternate within each workload, every other round reversed (A B C D,
-D C B A, ...), so machine drift hits all alike and no configuration always runs right after
-the same neighbour (a cyclic A B C D, A B C D put one configuration after transformers'
-memory-hungry `generate` in every round). Each keeps its fastest round, and every round's
-time is kept too, so two configurations can be compared round by round (neighbours in
-time) rather than best against best. One engine per configuration is built once and its
-cache flushed between runs. Each run also hashes what its forward passes computed and
-times them apart from the engine's own work: two configurations that ran the same batches
-are compared at a shared forward time too, which the machine's noise cannot tilt (on this
-machine two identical engines, radix-lpm and radix-lpm-twin, differ by up to 8-29% round to
-round). The KV-pool sweep
-serves chosen workloads with pools smaller than their distinct tokens, where eviction and
-the order of admission decide what stays cached.
+Configurations alternate within each workload, every other round reversed. One engine per
+configuration is built once and its cache flushed between runs. A configuration's row is
+its median round; each comparison with the first configuration is the median of the paired
+rounds' time ratios and their min-max. The KV-pool sweep serves chosen workloads with pools
+smaller than their distinct tokens, where eviction and the order of admission decide what
+stays cached.
 """
 
 from __future__ import annotations
 
-import hashlib
+import argparse
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from statistics import NormalDist, fmean, median, stdev
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from radixserve.attention.attention_plan import AttentionPlan
+from radixserve.bench.report import (
+    Column,
+    TableSpec,
+    ms,
+    num,
+    pct,
+    plot_or_explain,
+    print_tables,
+    times,
+    with_progress,
+    write_json,
+)
+from radixserve.bench.timing import alternating, paired
 from radixserve.bench.workloads import SERVING_WORKLOADS, Workload, make_workload
 from radixserve.engine import Engine, SamplingParams
 
@@ -37,8 +41,6 @@ ENGINE_CONFIGS: dict[str, dict] = {
     "radix-fcfs": {"cache_index": "radix", "schedule_policy": "fcfs"},
     "block-hash-fcfs": {"cache_index": "block-hash", "schedule_policy": "fcfs"},
     "off": {"enable_prefix_cache": False, "schedule_policy": "fcfs"},
-    # radix-lpm's twin, a second engine: an A/A pair shows the machine's noise alone
-    "radix-lpm-twin": {"cache_index": "radix", "schedule_policy": "lpm"},
     # the same as radix-lpm with the torch reference attention instead of the native kernels
     "radix-lpm-torch": {
         "cache_index": "radix",
@@ -78,36 +80,6 @@ class ServingBenchConfig:
                 )
 
 
-@dataclass
-class _Forwards:
-    """What the model's forward passes computed, hashed: each batch's context and new-token
-    lengths and the attention plan the backend made of it (bench only). Two configurations
-    with the same hash did the same model work, pass by pass, so their times differ only by
-    the engine's own work around the model (scheduling, the prefix index, sampling) and by
-    the machine's noise."""
-
-    digest: hashlib._Hash = field(default_factory=hashlib.sha256)
-
-    def attach(self, engine: Engine) -> Callable[[], None]:
-        """Wrap ``engine``'s attention planning; returns the undo."""
-        backend = engine.runner.backend
-        prepare = backend.prepare
-
-        def hashed_prepare(batch):
-            prepare(batch)
-            self.digest.update(repr((batch.seq_lens, batch.extend_lens)).encode())
-            plan = batch.attn_metadata
-            if isinstance(plan, AttentionPlan):
-                self.digest.update(plan.items.numpy().tobytes())
-
-        backend.prepare = hashed_prepare
-
-        def detach() -> None:
-            backend.prepare = prepare
-
-        return detach
-
-
 def _poll_dedup(engine: Engine, stop: threading.Event, out: list[float]) -> None:
     while not stop.wait(0.05):
         s = engine.cache_stats()
@@ -118,8 +90,6 @@ def _poll_dedup(engine: Engine, stop: threading.Event, out: list[float]) -> None
 def run_engine(engine: Engine, workload: Workload, label: str) -> dict:
     """Send each wave at once and wait for it; returns the row for this configuration."""
     assert engine.flush_cache()  # also starts the engine's lookup-latency window afresh
-    forwards = _Forwards()
-    detach = forwards.attach(engine)
     before = engine.cache_stats()
     dedup: list[float] = []
     stop = threading.Event()
@@ -139,16 +109,12 @@ def run_engine(engine: Engine, workload: Workload, label: str) -> dict:
         seconds = time.perf_counter() - start
         stop.set()
         poller.join()
-        detach()
     after = engine.cache_stats()
     engine.check_invariants()
     prompt = sum(m["prompt_tokens"] for m in metas)
     cached = sum(m["cached_tokens"] for m in metas)
     out_tokens = sum(m["completion_tokens"] for m in metas)
     ttft = [m["ttft_s"] for m in metas]
-    predicted = [
-        1 - ((m["prompt_tokens"] - m["cached_tokens"]) / m["prompt_tokens"]) ** 2 for m in metas
-    ]
     steps = after["scheduler_steps"] - before["scheduler_steps"]
     decode_s = after["decode_s"] - before["decode_s"]
     decode_tokens = after["decode_tokens"] - before["decode_tokens"]
@@ -160,7 +126,6 @@ def run_engine(engine: Engine, workload: Workload, label: str) -> dict:
         "requests": len(metas),
         "seconds": seconds,
         "engine_seconds": seconds - forward_s,  # all but the model's forward passes
-        "batches": forwards.digest.hexdigest()[:16],
         "req_s": len(metas) / seconds,
         "tok_s": (prompt + out_tokens) / seconds,
         "decode_tok_s": decode_tokens / decode_s if decode_s else float("nan"),
@@ -174,7 +139,6 @@ def run_engine(engine: Engine, workload: Workload, label: str) -> dict:
         "sched_ms_per_step": 1000 * sched / steps if steps else float("nan"),
         "lookup_p50_us": after["lookup_p50_us"],
         "lookup_p99_us": after["lookup_p99_us"],
-        "seed_model_ttft_reduction": float(np.mean(predicted)),
     }
 
 
@@ -245,46 +209,63 @@ def run_serving_bench(
 
         hf = transformers_twin(load_preset(cfg.model))
     rows: list[dict] = []
+    pairs: list[dict] = []
     optimal: dict[str, float] = {}
     try:
         for index, name in enumerate(cfg.workloads):
             work = make_workload(name, vocab, cfg.scale, cfg.max_tokens, cfg.seed)
             optimal[name] = work.optimal_hit_rate(cfg.page_size)
-            best: dict[str, dict] = {}
-            rounds: dict[str, list[dict]] = {}
-            # Each workload starts from a different configuration, so none is always first.
+            # each workload starts from a different configuration, so none is always first
             shift = index % len(cfg.configs)
-            order = cfg.configs[shift:] + cfg.configs[:shift]
-            for round_index in range(cfg.rounds):
-                for label in order if round_index % 2 == 0 else order[::-1]:
-                    row = _run_one(label, engines, hf, work, cfg)
-                    if row is not None:
-                        rounds.setdefault(label, []).append(row)
-                    if row is not None and (
-                        label not in best or row["seconds"] < best[label]["seconds"]
-                    ):
-                        best[label] = row
-                    step(f"{name}: {label}")
-            off = best.get("off")
-            for label, row in best.items():
-                row["round_seconds"] = [r["seconds"] for r in rounds[label]]
-                if "engine_seconds" in row:  # the engine's rows, not the baselines'
-                    row["round_engine_seconds"] = [r["engine_seconds"] for r in rounds[label]]
-                    # one hash when every round ran the same batches (scheduling is seeded)
-                    hashes = {r["batches"] for r in rounds[label]}
-                    row["batches"] = hashes.pop() if len(hashes) == 1 else "varies"
-                row["optimal_hit_rate"] = optimal[name]
-                row["of_optimal"] = row["hit_rate"] / optimal[name] if optimal[name] else None
-                if off is not None:
-                    row["speedup_vs_off"] = off["seconds"] / row["seconds"]
-                    if "ttft_mean_s" in row:
-                        row["ttft_reduction"] = 1 - row["ttft_mean_s"] / off["ttft_mean_s"]
-            rows += [best[c] for c in cfg.configs if c in best]
+            rounds: dict[str, list[dict]] = {}
+            for label in alternating(cfg.configs[shift:] + cfg.configs[:shift], cfg.rounds):
+                row = _run_one(label, engines, hf, work, cfg)
+                if row is not None:
+                    rounds.setdefault(label, []).append(row)
+                step(f"{name}: {label}")
+            rows += [_median_round(rounds[c], optimal[name]) for c in cfg.configs if c in rounds]
+            pairs += _pairs(name, rounds, cfg.configs)
         sweep = [row for name in cfg.sweep_workloads for row in _kv_sweep(cfg, name, vocab, step)]
     finally:
         for engine in engines.values():
             engine.shutdown()
-    return {"rows": rows, "sweep": sweep, "optimal": optimal}
+    return {"rows": rows, "pairs": pairs, "sweep": sweep, "optimal": optimal}
+
+
+def _median_round(rounds: list[dict], optimal: float) -> dict:
+    row = sorted(rounds, key=lambda r: r["seconds"])[len(rounds) // 2]
+    return {
+        **row,
+        "round_seconds": [r["seconds"] for r in rounds],
+        "optimal_hit_rate": optimal,
+        "of_optimal": row["hit_rate"] / optimal if optimal else None,
+    }
+
+
+def _pairs(workload: str, rounds: dict[str, list[dict]], configs: tuple[str, ...]) -> list[dict]:
+    """Each configuration against the first: its time over the first's, round by round."""
+    first = configs[0]
+    if first not in rounds:
+        return []
+    out = []
+    for label in configs[1:]:
+        if label not in rounds:
+            continue
+        a, b = rounds[label], rounds[first]
+        ratio = paired([r["seconds"] for r in a], [r["seconds"] for r in b])
+        out.append(
+            {
+                "workload": workload,
+                "config": label,
+                "vs": first,
+                "rounds": len(a),
+                "time_ratio": ratio["median"],
+                "ratio_min": ratio["min"],
+                "ratio_max": ratio["max"],
+                "prefill_ratio": a[0]["prefill_tokens"] / max(b[0]["prefill_tokens"], 1),
+            }
+        )
+    return out
 
 
 def _run_one(label, engines, hf, work: Workload, cfg: ServingBenchConfig) -> dict | None:
@@ -333,146 +314,95 @@ def num_steps(cfg: ServingBenchConfig) -> int:
     return len(cfg.workloads) * cfg.rounds * len(cfg.configs) + sweep
 
 
-def paired_ratios(slow: dict, fast: dict, key: str = "round_seconds") -> list[float]:
-    """``slow``'s time over ``fast``'s, round by round (each pair ran back to back)."""
-    a, b = slow.get(key, []), fast.get(key, [])
-    return [x / y for x, y in zip(a, b, strict=True)] if len(a) == len(b) else []
+COLUMNS = (
+    Column("workload", "workload"),
+    Column("config", "config"),
+    Column("req_s", "req/s", num(2)),
+    Column("tok_s", "tok/s", num(0), wide=True),
+    Column("ttft_p50_s", "TTFT p50 s", num(2)),
+    Column("ttft_p99_s", "TTFT p99 s", num(2), wide=True),
+    Column("e2e_p50_s", "e2e p50 s", num(2), wide=True),
+    Column("hit_rate", "hit rate", pct),
+    Column("of_optimal", "of optimal", pct),
+    Column("prefill_tokens", "prefilled"),
+    Column("dedup_ratio", "dedup", num(2), wide=True),
+    Column("sched_ms_per_step", "sched ms/step", num(2), wide=True),
+    Column("engine_seconds", "engine ms", ms, wide=True),
+    Column("lookup_p50_us", "lookup p50 µs", num(1), wide=True),
+    Column("lookup_p99_us", "lookup p99 µs", num(1), wide=True),
+    Column("decode_tok_s", "decode tok/s", num(1), wide=True),
+)
+TABLES = (
+    TableSpec("rows", "serving workloads (the median round of each configuration)", COLUMNS),
+    TableSpec(
+        "pairs",
+        "time over the first configuration's, paired rounds",
+        (
+            Column("workload", "workload"),
+            Column("config", "config"),
+            Column("vs", "vs"),
+            Column("rounds", "rounds"),
+            Column("time_ratio", "time ratio", times),
+            Column("ratio_min", "min", times),
+            Column("ratio_max", "max", times),
+            Column("prefill_ratio", "prefilled ratio", num(2)),
+        ),
+    ),
+    TableSpec(
+        "sweep",
+        "KV-pool sweep",
+        (
+            Column("workload", "workload"),
+            Column("kv_tokens", "KV pool tokens"),
+            Column("config", "config"),
+            Column("hit_rate", "hit rate", pct),
+            Column("req_s", "req/s", num(2)),
+        ),
+    ),
+)
 
 
-def _t_quantile(p: float, df: int) -> float:
-    """Student's t quantile by the Cornish-Fisher expansion around the normal one
-    (Abramowitz & Stegun 26.7.5): within 1% from 2 degrees of freedom, 11% at 1."""
-    z = NormalDist().inv_cdf(p)
-    return (
-        z
-        + (z**3 + z) / (4 * df)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
-        + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * df**4)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", nargs="+", default=["all"], help="names, or all")
+    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        default=list(ServingBenchConfig.configs),
+        help=f"the first is compared with the others; any of {[*ENGINE_CONFIGS, *BASELINES]}",
     )
+    p.add_argument("--scale", type=float, default=1.0, help="multiplies request counts")
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--sweep", nargs="+", help="also sweep the KV-pool size on these workloads")
+    p.add_argument("--vllm-python", help="python of a venv with vllm, for the vllm config")
+    p.add_argument("--plot", help="write a PNG chart to this file")
+    p.add_argument("--seed", type=int, default=0)
 
 
-def ratio_interval(ratios: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    """A confidence interval for the typical ratio of paired rounds (t on their logs, since
-    a ratio's noise multiplies): what the rounds can tell apart from 1.0 on this machine."""
-    logs = [float(np.log(r)) for r in ratios]
-    half = _t_quantile(0.5 + level / 2, len(logs) - 1) * stdev(logs) / len(logs) ** 0.5
-    return float(np.exp(fmean(logs) - half)), float(np.exp(fmean(logs) + half))
-
-
-def _spread(ratios: Sequence[float], digits: int) -> tuple[str, float, float]:
-    """The rounds' range and 95% interval, as the targets table shows them, and the interval
-    (a single round: the ratio itself)."""
-    if len(ratios) == 1:
-        return f"{ratios[0]:.{digits}f} (1 round)", ratios[0], ratios[0]
-    low, high = ratio_interval(ratios)
-    text = (
-        f"{min(ratios):.{digits}f} to {max(ratios):.{digits}f} ({len(ratios)} rounds; "
-        f"95% interval {low:.{digits}f} to {high:.{digits}f})"
+def run(args: argparse.Namespace) -> int:
+    workloads = tuple(SERVING_WORKLOADS) if args.workload == ["all"] else tuple(args.workload)
+    cfg = ServingBenchConfig(
+        model=args.model,
+        workloads=workloads,
+        configs=tuple(args.configs),
+        scale=args.scale,
+        max_tokens=args.max_tokens,
+        page_size=args.page_size,
+        rounds=args.rounds,
+        seed=args.seed,
+        sweep_workloads=tuple(args.sweep or ()),
+        vllm_python=args.vllm_python,
     )
-    return text, low, high
+    result = with_progress("bench serving", num_steps(cfg), lambda s: run_serving_bench(cfg, s))
+    print_tables(result, TABLES, args.wide)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), **result})
+    if args.plot:
+        from radixserve.bench import plots
 
-
-def check_targets(rows: Sequence[dict], sweep: Sequence[dict] = ()) -> list[dict]:
-    """The issue's targets against this run: one row per target and workload measured.
-    A throughput ratio is the median of the round-by-round ratios when there are several
-    rounds (with their range and a 95% interval): neighbouring runs share the machine's
-    mood, where best-of-rounds compares two different moments. Where both sides did the
-    same work, a ratio below its goal whose interval still holds the goal reads "tie": the
-    rounds cannot order the two."""
-    by = {(r["workload"], r["config"]): r for r in rows}
-    out = []
-
-    def add(target: str, workload: str, value: float, goal: float, spread: str = "") -> None:
-        out.append(
-            {
-                "target": target,
-                "workload": workload,
-                "measured": value,
-                "goal": goal,
-                "met": "yes" if value >= goal else "no",
-                "rounds": spread,
-            }
+        return plot_or_explain(
+            lambda: plots.plot_serving_bench(result["rows"], result["sweep"], args.plot)
         )
-
-    def add_speedup(
-        target: str, workload: str, slow: dict, fast: dict, goal: float, same_work: bool = False
-    ) -> None:
-        ratios = paired_ratios(slow, fast)
-        if len(ratios) > 1:
-            spread, low, high = _spread(ratios, 2)
-            add(target, workload, median(ratios), goal, spread)
-            if same_work and out[-1]["met"] == "no" and low <= goal <= high:
-                out[-1]["met"] = "tie (same work)"  # the same tokens computed
-        else:
-            add(target, workload, slow["seconds"] / fast["seconds"], goal)
-
-    def add_same_batches(target: str, workload: str, slow: dict, fast: dict) -> None:
-        # The same model work pass by pass (hashed): what the index can change is the
-        # engine's own time around the forward passes; the forward passes' times differ by
-        # the machine alone, so each pair of rounds is judged at their mean forward time.
-        batches = fast.get("batches", "varies")
-        if batches == "varies" or slow.get("batches") != batches:
-            return
-        ratios = []
-        for ts, es, tf, ef in zip(
-            slow["round_seconds"],
-            slow["round_engine_seconds"],
-            fast["round_seconds"],
-            fast["round_engine_seconds"],
-            strict=True,
-        ):
-            forward = (ts - es + tf - ef) / 2
-            ratios.append((forward + es) / (forward + ef))
-        throughput, goal = out[-1], out[-1]["goal"]
-        spread, low, high = _spread(ratios, 3)
-        add(f"{target}, same batches", workload, median(ratios), goal, spread)
-        if out[-1]["met"] == "no" and low <= goal <= high:
-            out[-1]["met"] = "tie (same batches)"  # the engine's own time within its noise
-        if out[-1]["met"] == "yes" and throughput["met"] != "yes":
-            throughput["met"] = "yes (same batches, less engine time)"
-
-    def add_work(workload: str, block: dict, radix: dict) -> None:
-        # The work each does, which the machine's noise cannot blur.
-        work = block["prefill_tokens"] / max(radix["prefill_tokens"], 1)
-        add("prefilled tokens, block-hash-fcfs / radix-lpm", workload, work, 1.0)
-
-    for (workload, config), r in by.items():
-        if config != "radix-lpm":
-            continue
-        if workload != "no-sharing" and r.get("of_optimal") is not None:
-            add("hit rate / optimal", workload, r["of_optimal"], 0.98)
-        off, hf = by.get((workload, "off")), by.get((workload, "transformers"))
-        block = by.get((workload, "block-hash-fcfs"))
-        if workload in ("shared-system-prompt", "few-shot"):
-            if off:
-                add_speedup("throughput / cache off", workload, off, r, 3.0)
-            if hf:
-                add_speedup("throughput / transformers", workload, hf, r, 5.0)
-        if block:
-            add_work(workload, block, r)
-            same = block["prefill_tokens"] == r["prefill_tokens"]
-            add_speedup("throughput / block-hash-fcfs", workload, block, r, 1.0, same)
-            add_same_batches("throughput / block-hash-fcfs", workload, block, r)
-        torch_attention = by.get((workload, "radix-lpm-torch"))
-        if workload == "shared-system-prompt" and torch_attention:
-            ratio = r["decode_tok_s"] / torch_attention["decode_tok_s"]
-            add("decode tok/s / torch attention", workload, ratio, 2.0)
-        if workload == "no-sharing" and off:
-            add_speedup("throughput / cache off (control)", workload, off, r, 0.98)
-            add_same_batches("throughput / cache off (control)", workload, off, r)
-    points = {(r["workload"], r["kv_tokens"], r["config"]): r for r in sweep}
-    for (workload, kv_tokens, config), r in points.items():
-        block = points.get((workload, kv_tokens, "block-hash-fcfs"))
-        if config != "radix-lpm" or block is None or r["kv_fraction"] >= 1:
-            continue
-        where = f"{workload}, {kv_tokens:,} KV slots"
-        add(
-            "hit rate - block-hash-fcfs (points)",
-            where,
-            100 * (r["hit_rate"] - block["hit_rate"]),
-            0,
-        )
-        add_work(where, block, r)
-        add("throughput / block-hash-fcfs", where, block["seconds"] / r["seconds"], 1.0)
-    return out
+    return 0

@@ -9,8 +9,11 @@ from radixserve.cache import RadixCache
 
 
 def serve_without_model(cache: RadixCache, prompt: np.ndarray, output: np.ndarray) -> int:
-    """Match ``prompt``, take slots for the rest of prompt + output, cache the whole sequence
-    and release what the tree did not adopt. Returns the prompt tokens that hit the cache.
+    """Match ``prompt``, take slots for the rest of prompt + output, cache what the engine
+    would have computed (all but the last output token, whose K/V no pass computes) and
+    release what the tree did not adopt. Returns the prompt tokens served from the cache
+    (the engine computes the last prompt token whatever is cached: its logits give the
+    first output token).
 
     Evicts when short of slots; raises ``OutOfSlots`` if locked prefixes leave too little.
     """
@@ -18,7 +21,7 @@ def serve_without_model(cache: RadixCache, prompt: np.ndarray, output: np.ndarra
     hit = cache.match_prefix(prompt)
     cache.lock(hit.node)
     try:
-        sequence = np.concatenate([prompt, output])
+        sequence = np.concatenate([prompt, output[:-1]]) if len(output) else prompt
         needed = alloc.slots_needed(len(sequence) - hit.length)
         if needed > alloc.num_free:
             cache.evict(needed - alloc.num_free)
@@ -31,4 +34,4 @@ def serve_without_model(cache: RadixCache, prompt: np.ndarray, output: np.ndarra
     # Nothing evicted between match and insert, so `prefix_len == hit.length` unless the
     # output itself was cached before; duplicates and the unaligned tail go back.
     alloc.free(np.concatenate([slots[hit.length : done.prefix_len], slots[done.match.length :]]))
-    return hit.length
+    return min(hit.length, (len(prompt) - 1) // cache.page_size * cache.page_size)

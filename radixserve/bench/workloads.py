@@ -5,7 +5,7 @@ Token ids are ``numpy.int32`` arrays, the form the cache compares fastest.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,17 +13,71 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Request:
-    """One request: its prompt, and the tokens the model answers with."""
+    """One request of a workload: its prompt and how many tokens it asks for. Requests of
+    wave ``k`` are sent once wave ``k - 1`` is done (a conversation's next turn, an agent's
+    next step, a tree's next level). ``output`` is the reply when the workload fixes it (for
+    serving through the tree without a model); ``conversation`` is what the request
+    continues."""
 
     prompt: np.ndarray
-    output: np.ndarray
-    conversation: int
-    turn: int
+    max_tokens: int
+    wave: int = 0
+    output: np.ndarray | None = None
+    conversation: int = 0
 
     @property
     def sequence(self) -> np.ndarray:
         """Prompt followed by output: what a finished request leaves in the cache."""
+        if self.output is None:
+            return self.prompt
         return np.concatenate([self.prompt, self.output])
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    requests: list[Request]
+
+    @property
+    def waves(self) -> list[list[Request]]:
+        out: dict[int, list[Request]] = {}
+        for r in self.requests:
+            out.setdefault(r.wave, []).append(r)
+        return [out[k] for k in sorted(out)]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(r.prompt) for r in self.requests)
+
+    def optimal_hit_rate(self, page_size: int = 1) -> float:
+        return optimal_hit_rate(((r.prompt, r.output) for r in self.requests), page_size)
+
+
+def optimal_hit_rate(
+    calls: Iterable[tuple[Sequence[int], Sequence[int] | None]], page_size: int = 1
+) -> float:
+    """The token hit rate of a cache with unlimited memory serving ``(prompt, output)`` calls
+    one at a time in order: each distinct page-aligned prefix is computed once; every call
+    computes at least its last prompt token (its logits give the first output); a reply's
+    tokens but the last had their K/V computed while decoding, so a later prompt that
+    repeats them hits them."""
+    from radixserve.cache import RadixCache
+
+    cache = RadixCache(page_size)  # simulation mode: slots are plain ints
+    hits = total = 0
+    for prompt, output in calls:
+        prompt = np.asarray(prompt, dtype=np.int32)
+        last = (len(prompt) - 1) // page_size * page_size
+        hits += min(cache.peek_prefix(prompt)[0], last)
+        total += len(prompt)
+        seen = (
+            prompt
+            if output is None or len(output) < 2
+            else np.concatenate([prompt, np.asarray(output[:-1], dtype=np.int32)])
+        )
+        cache.insert(seen, np.arange(len(seen)))
+    return hits / total if total else 0.0
 
 
 @dataclass(frozen=True)
@@ -61,7 +115,8 @@ class MultiTurnChat:
         for turn in range(self.turns):
             for conv in rng.permutation(self.num_conversations).tolist():
                 prompt = np.concatenate([history[conv], self._tokens(rng, self.user_len)])
-                req = Request(prompt, self._tokens(rng, self.output_len), conv, turn)
+                output = self._tokens(rng, self.output_len)
+                req = Request(prompt, len(output), turn, output, conv)
                 history[conv] = req.sequence
                 yield req
 
@@ -74,48 +129,6 @@ class MultiTurnChat:
 
 
 # ---- the serving suite's workloads (shapes after the SGLang paper, arXiv 2312.07104) ----
-
-
-@dataclass(frozen=True)
-class ServingRequest:
-    """A prompt of token ids; requests of wave ``k`` are sent once wave ``k - 1`` is done
-    (a conversation's next turn, an agent's next step, a tree's next level)."""
-
-    prompt: np.ndarray
-    max_tokens: int
-    wave: int = 0
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    description: str
-    requests: list[ServingRequest]
-
-    @property
-    def waves(self) -> list[list[ServingRequest]]:
-        out: dict[int, list[ServingRequest]] = {}
-        for r in self.requests:
-            out.setdefault(r.wave, []).append(r)
-        return [out[k] for k in sorted(out)]
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(r.prompt) for r in self.requests)
-
-    def optimal_hit_rate(self, page_size: int = 1) -> float:
-        """The hit rate of a cache with unlimited memory serving the requests one at a time
-        in order: each distinct page-aligned prefix is computed once, and every request
-        computes at least its last prompt token (its logits give the first output)."""
-        from radixserve.cache import RadixCache
-
-        cache = RadixCache(page_size)  # simulation mode: slots are plain ints
-        hits = 0
-        for r in self.requests:
-            last = (len(r.prompt) - 1) // page_size * page_size
-            hits += min(cache.match_prefix(r.prompt).length, last)
-            cache.insert(r.prompt, np.arange(len(r.prompt)))
-        return hits / self.prompt_tokens
 
 
 class _Tokens:
@@ -132,7 +145,7 @@ class _Tokens:
 
 def few_shot(t: _Tokens, s: float, out: int) -> Workload:
     shots = t.cat(*(t(100) for _ in range(5)))
-    reqs = [ServingRequest(t.cat(shots, t(40)), out) for _ in range(int(20 * s))]
+    reqs = [Request(t.cat(shots, t(40)), out) for _ in range(int(20 * s))]
     return Workload("few-shot", "5-shot MMLU-style: 5 shared examples, distinct questions", reqs)
 
 
@@ -140,7 +153,7 @@ def hellaswag(t: _Tokens, s: float, out: int) -> Workload:
     reqs = []
     for _ in range(int(8 * s)):
         context = t(300)
-        reqs += [ServingRequest(t.cat(context, t(30)), out) for _ in range(4)]
+        reqs += [Request(t.cat(context, t(30)), out) for _ in range(4)]
     return Workload("hellaswag", "one context, four candidate endings each", reqs)
 
 
@@ -150,14 +163,14 @@ def multi_turn_chat(t: _Tokens, s: float, out: int) -> Workload:
         history = t(200)
         for turn in range(4):
             prompt = t.cat(history, t(40))
-            reqs.append(ServingRequest(prompt, out, wave=turn))
+            reqs.append(Request(prompt, out, wave=turn))
             history = t.cat(prompt, t(40))  # the recorded reply joins the history
     return Workload("multi-turn-chat", "8 chats x 4 turns; each turn extends the last", reqs)
 
 
 def shared_system_prompt(t: _Tokens, s: float, out: int) -> Workload:
     system = t(600)
-    reqs = [ServingRequest(t.cat(system, t(30)), out) for _ in range(int(16 * s))]
+    reqs = [Request(t.cat(system, t(30)), out) for _ in range(int(16 * s))]
     return Workload("shared-system-prompt", "one 600-token system prompt, many users", reqs)
 
 
@@ -171,7 +184,7 @@ def tree_of_thought(t: _Tokens, s: float, out: int) -> Workload:
     # The questions are independent programs running at once: a level's branches arrive
     # interleaved across questions, not grouped by question.
     reqs = [
-        ServingRequest(level[i], out, wave=w)
+        Request(level[i], out, wave=w)
         for w, level in enumerate(levels)
         for i in t.rng.permutation(len(level)).tolist()
     ]
@@ -183,7 +196,7 @@ def agent_loop(t: _Tokens, s: float, out: int) -> Workload:
     for _ in range(int(6 * s)):
         trajectory = t(300)
         for step in range(5):
-            reqs.append(ServingRequest(trajectory, out, wave=step))
+            reqs.append(Request(trajectory, out, wave=step))
             trajectory = t.cat(trajectory, t(60))  # thought, action, observation
     return Workload("agent-loop", "ReAct-style: a trajectory that grows each step", reqs)
 
@@ -194,12 +207,12 @@ def rag(t: _Tokens, s: float, out: int) -> Workload:
     reqs = []
     for _ in range(int(20 * s)):
         picked = sorted(rng.choice(len(docs), 2, replace=False).tolist())
-        reqs.append(ServingRequest(t.cat(*(docs[i] for i in picked), t(30)), out))
+        reqs.append(Request(t.cat(*(docs[i] for i in picked), t(30)), out))
     return Workload("rag", "2 of 6 shared documents in varying combinations + a question", reqs)
 
 
 def no_sharing(t: _Tokens, s: float, out: int) -> Workload:
-    reqs = [ServingRequest(t(500), out) for _ in range(int(20 * s))]
+    reqs = [Request(t(500), out) for _ in range(int(20 * s))]
     return Workload("no-sharing", "control: random prompts, nothing to reuse", reqs)
 
 

@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 
 from radixserve.bench.vllm_peer import run_vllm
-from radixserve.bench.workloads import ServingRequest, Workload
+from radixserve.bench.workloads import Request, Workload
 
 FAKE_VLLM = """
 import json, os
@@ -62,7 +62,7 @@ def test_run_vllm_speaks_the_json_protocol(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
     shared = np.arange(3, 35, dtype=np.int32)
     reqs = [
-        ServingRequest(np.concatenate([shared, [40 + i]]).astype(np.int32), 4, wave=i // 2)
+        Request(np.concatenate([shared, [40 + i]]).astype(np.int32), 4, wave=i // 2)
         for i in range(4)
     ]
     row = run_vllm(sys.executable, "tiny", Workload("w", "test", reqs), page_size=16)
