@@ -1,19 +1,11 @@
-"""``radixserve bench kernels``: the native kernels against their references and against the
+"""``radixserve bench kernels``: the native kernels against their torch references and the
 machine's memory bandwidth.
 
-One attention layer of a model's shape (bench-135m: 9 query heads, 3 KV heads, head dim 64)
-over a KV pool whose pages are scattered at random, as a long-running server's are. Each
-case times the torch reference, the native kernel and two bandwidth probes over a 64 MiB
-tensor, larger than the caches (a copy and a read-only sum), alternately, call by call, and
-keeps the medians. A case's bandwidth limits are the K/V bytes it must read divided by its
-own probes' bandwidths — the copy's (source bytes per second) and the sum's — so a slow
-spell of the shared machine slows the limits too.
-The cascade case also times its shared-prefix arithmetic as dense GEMMs in torch, the
-ceiling for what computing the prefix once can gain when it stays in cache.
-The tree's edge matcher is timed on a ~10^6-token tree with and without the native scan.
-The few-row linear kernel runs a decode step's projections over every decoder layer (so the
-weights are read from memory, as in a real step) against torch's GEMM, both ways round, and
-against the time to read the weights once.
+One attention layer of a model's shape over a KV pool whose pages are scattered at random,
+as a long-running server's are; the few-row linear kernel over a decode step's projections
+of every decoder layer (so the weights come from memory, as in a real step); the tree's
+walk with and without the native scan. Calls alternate and the medians are kept; each
+case's limit is the bytes it must read at a read-only probe's bandwidth, measured beside it.
 """
 
 from __future__ import annotations
@@ -100,11 +92,8 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dic
         linear += linear_rows_bench(hf, _DTYPES[dtype], probe, cfg, step)
     matcher = matcher_rows(cfg)
     step("matcher")
-    bandwidth = float(np.median([r["bandwidth_gb_s"] for r in rows]))
-    read = float(np.median([r["read_gb_s"] for r in rows]))
     return {
-        "bandwidth_gb_s": bandwidth,
-        "read_gb_s": read,
+        "read_gb_s": float(np.median([r["read_gb_s"] for r in rows])),
         "rows": rows,
         "linear": linear,
         "matcher": matcher,
@@ -112,42 +101,18 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dic
 
 
 class _BandwidthProbe:
-    """Two torch passes (all threads) over a tensor larger than the caches: a copy and a sum.
-    The copy's bandwidth counts its source bytes once (the issue's "copy bandwidth"; STREAM
-    would count the written bytes too); the sum only reads, as an attention kernel does, so
-    its bandwidth is the stricter limit. Each is the median of its probes in one case."""
+    """A torch sum (all threads) over a tensor larger than the caches: it only reads, as an
+    attention kernel does, so the bytes a case must read over its bandwidth are that case's
+    limit (the median of its probes, so a slow spell slows the limit too)."""
 
     def __init__(self, mib: int = 64) -> None:
         self.src = torch.randn(mib * 2**20 // 4)
-        self.dst = torch.empty_like(self.src)
-
-    def copy(self) -> None:
-        self.dst.copy_(self.src)
 
     def read(self) -> None:
         self.src.sum()
 
     def bandwidth(self, seconds: float) -> float:
         return self.src.numel() * 4 / seconds
-
-
-class _DenseShared:
-    """The shared prefix's multiply-adds as two dense float32 GEMMs in torch (scores = Q K^T,
-    out = P V per KV head), with no softmax, paging or merge: the fastest this machine does
-    that arithmetic with a tuned library, so plain time / this time is the most any cascade
-    kernel could gain here when the prefix stays in cache."""
-
-    def __init__(self, rows: int, keys: int, kv_heads: int, head_dim: int) -> None:
-        self.q = torch.randn(kv_heads, rows, head_dim)
-        self.k_t = torch.randn(kv_heads, head_dim, keys)
-        self.v = torch.randn(kv_heads, keys, head_dim)
-        self.scores = torch.empty(kv_heads, rows, keys)
-        self.out = torch.empty(kv_heads, rows, head_dim)
-        self.flops = 4 * kv_heads * rows * keys * head_dim
-
-    def __call__(self) -> None:
-        torch.bmm(self.q, self.k_t, out=self.scores)
-        torch.bmm(self.scores, self.v, out=self.out)
 
 
 @dataclass(frozen=True)
@@ -208,12 +173,9 @@ class _Shape:
         native = self.backends(pool)[1]
         q = torch.randn(b, self.heads, self.head_dim).to(self.dtype)
         kv = torch.randn(b, self.kv_heads, self.head_dim).to(self.dtype)
-        dense = _DenseShared(b * self.heads // self.kv_heads, n, self.kv_heads, self.head_dim)
         calls = {
             "plain": _forward(native, plain, q, kv),
             "native": _forward(native, grouped, q, kv),
-            "gemm": dense,
-            "copy": probe.copy,
             "read": probe.read,
         }
         times = _alternate(calls, cfg.reps)
@@ -222,9 +184,6 @@ class _Shape:
             **row,
             "plain_ms": times["plain"] * 1e3,
             "speedup": times["plain"] / times["native"],
-            "gemm_ms": times["gemm"] * 1e3,
-            "gemm_gflop_s": dense.flops / times["gemm"] / 1e9,
-            "gemm_ceiling": times["plain"] / times["gemm"],
         }
 
     def _compare(
@@ -237,21 +196,18 @@ class _Shape:
             name: _forward(backend, ForwardBatch.create(reqs, self.page), q, kv)
             for name, backend in zip(("torch", "native"), self.backends(pool), strict=True)
         }
-        return _alternate({**calls, "copy": probe.copy, "read": probe.read}, reps)
+        return _alternate({**calls, "read": probe.read}, reps)
 
     def _row(
         self, kernel: str, case: str, times: dict[str, float], probe: _BandwidthProbe, tokens: int
     ) -> dict:
-        bandwidth, read = probe.bandwidth(times["copy"]), probe.bandwidth(times["read"])
-        limit, read_limit = self.kv_bytes(tokens) / bandwidth, self.kv_bytes(tokens) / read
+        read = probe.bandwidth(times["read"])
+        read_limit = self.kv_bytes(tokens) / read
         row = {
             "kernel": kernel,
             "dtype": str(self.dtype).removeprefix("torch."),
             "case": case,
             "native_ms": times["native"] * 1e3,
-            "limit_ms": limit * 1e3,
-            "of_limit": times["native"] / limit,
-            "bandwidth_gb_s": bandwidth / 1e9,
             "read_limit_ms": read_limit * 1e3,
             "of_read_limit": times["native"] / read_limit,
             "read_gb_s": read / 1e9,
@@ -274,9 +230,8 @@ def linear_rows_bench(
     hf, dtype: torch.dtype, probe: _BandwidthProbe, cfg: KernelBenchConfig, step
 ) -> list[dict]:
     """A decode step's projections (q, k, v, o, gate, up, down of every decoder layer) at a
-    few rows: torch's ``F.linear``, the weight-first ``(W @ x.T).T`` (float32 only, where the
-    model uses it without the native module) and the native kernel, alternately, against
-    the time to read the weights once at the sum probe's bandwidth."""
+    few rows: torch's ``F.linear`` and the native kernel, alternately, against the time to
+    read the weights once at the probe's bandwidth."""
     h, inter = hf.hidden_size, hf.intermediate_size
     head_dim = getattr(hf, "head_dim", None) or h // hf.num_attention_heads
     q, kv = hf.num_attention_heads * head_dim, hf.num_key_value_heads * head_dim
@@ -298,8 +253,6 @@ def linear_rows_bench(
             "native": over_layers(kernels.linear_rows),
             "read": probe.read,
         }
-        if dtype == torch.float32:
-            calls["weight_first"] = over_layers(lambda x, w: (w @ x.t()).t().contiguous())
         times = _alternate(calls, cfg.reps)
         read_limit = nbytes / probe.bandwidth(times["read"])
         flops = 2 * n * nbytes / dtype.itemsize
@@ -310,14 +263,12 @@ def linear_rows_bench(
             "weight_mb": nbytes / 1e6,
             "torch_ms": times["torch"] * 1e3,
             "native_ms": times["native"] * 1e3,
-            "speedup": min(times["torch"], times.get("weight_first", np.inf)) / times["native"],
+            "speedup": times["torch"] / times["native"],
             "gflop_s": flops / times["native"] / 1e9,
             "read_limit_ms": read_limit * 1e3,
             "of_read_limit": times["native"] / read_limit,
             "read_gb_s": probe.bandwidth(times["read"]) / 1e9,
         }
-        if "weight_first" in times:
-            row["weight_first_ms"] = times["weight_first"] * 1e3
         rows.append(row)
         step(f"linear {rows[-1]['dtype']} {n} rows")
     return rows
@@ -326,12 +277,8 @@ def linear_rows_bench(
 def matcher_rows(cfg: KernelBenchConfig) -> list[dict]:
     """The radix tree's walk for a full ``matcher_hit``-token hit and for a query leaving a
     long edge halfway (where the native first-mismatch scan replaces a binary search of
-    memcmps), with and without the native scan; p50 over 1,000 walks of random prompts.
-
-    ``match_prefix`` encodes a query's ids into bytes and walks at once, so the walk meets
-    its key hot in cache: the walk columns time it that way (encoding untimed). The cold
-    column walks keys encoded long before (all 1,000 first, 16 MB), a stricter case no
-    caller produces, kept to show what the key's own memory traffic costs."""
+    memcmps), with and without the native scan; p50 over 1,000 walks of random prompts, each
+    right after its key is encoded (as ``match_prefix`` does), and of whole matches."""
     from radixserve.bench.cache_bench import TreeShape, _unseen_tokens, build_tree
 
     shape = TreeShape.for_sizes(cfg.matcher_tree_tokens, cfg.matcher_hit)
@@ -351,8 +298,6 @@ def matcher_rows(cfg: KernelBenchConfig) -> list[dict]:
         for name, impl in (("python", None), ("native", native)):
             cache._native = impl
             p50[name] = _walk_p50_us(cache, queries)
-        keys = [encode_tokens(q) for q in queries]
-        cold = _p50_us([lambda k=k: cache._walk(k, None) for k in keys])
         full = _p50_us([lambda q=q: cache.match_prefix(q) for q in queries])
         rows.append(
             {
@@ -360,7 +305,6 @@ def matcher_rows(cfg: KernelBenchConfig) -> list[dict]:
                 "case": f"{case}, {shape.tree_tokens:,}-token tree",
                 "python_walk_us": p50["python"],
                 "native_walk_us": p50["native"] if native is not None else None,
-                "cold_key_walk_us": cold,
                 "match_prefix_us": full,
             }
         )
@@ -406,25 +350,19 @@ TABLES = (
             Column("plain_ms", "plain native", num(2), wide=True),
             Column("native_ms", "native", num(2)),
             Column("speedup", "speedup", times),
-            Column("limit_ms", "copy limit", num(2), wide=True),
-            Column("of_limit", "x copy limit", num(2)),
             Column("read_limit_ms", "read limit", num(2), wide=True),
-            Column("of_read_limit", "x read limit", num(2), wide=True),
-            Column("bandwidth_gb_s", "copy GB/s", num(1), wide=True),
+            Column("of_read_limit", "x read limit", num(2)),
             Column("read_gb_s", "read GB/s", num(1), wide=True),
-            Column("gemm_ms", "dense GEMM ms", num(2), wide=True),
-            Column("gemm_ceiling", "plain / GEMM", times, wide=True),
         ),
     ),
     TableSpec(
         "linear",
-        "linear layers at a few rows (every layer's projections; speedup over torch's faster)",
+        "linear layers at a few rows (every layer's projections)",
         (
             Column("dtype", "dtype"),
             Column("case", "case"),
             Column("weight_mb", "weights MB", num(0), wide=True),
             Column("torch_ms", "F.linear ms", num(1)),
-            Column("weight_first_ms", "weight-first ms", num(1), wide=True),
             Column("native_ms", "native ms", num(1)),
             Column("speedup", "speedup", times),
             Column("gflop_s", "GFLOP/s", num(1)),
@@ -439,7 +377,6 @@ TABLES = (
             Column("case", "case"),
             Column("python_walk_us", "Python walk", num(1)),
             Column("native_walk_us", "native scan", num(1)),
-            Column("cold_key_walk_us", "native, key cold", num(1)),
             Column("match_prefix_us", "match_prefix", num(1)),
         ),
     ),
@@ -476,7 +413,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         cfg = replace(cfg, **QUICK)
     out = with_progress("bench kernels", num_steps(cfg), lambda s: run_kernel_bench(cfg, s))
-    print(f"copy {out['bandwidth_gb_s']:.1f} GB/s, read {out['read_gb_s']:.1f} GB/s (medians)")
+    print(f"memory read bandwidth {out['read_gb_s']:.1f} GB/s (median)")
     print_tables(out, TABLES, args.wide)
     if args.json:
         write_json(args.json, {"config": vars(cfg), **out})

@@ -110,7 +110,6 @@ def plot_kernel_bench(rows: Sequence[dict], path: str | Path) -> None:
             for key, label in (
                 ("torch_ms", "torch"),
                 ("native_ms", "native"),
-                ("limit_ms", "copy-bandwidth limit"),
                 ("read_limit_ms", "read-bandwidth limit"),
             ):
                 ax.plot(contexts, [r[key] for r in line], marker="o", label=label)
