@@ -7,9 +7,11 @@ below the machine's rate. Up to ``NATIVE_ROWS`` rows of float32 go to the native
 arithmetic: bench-135m's 30 layers at 16 rows took 85-98 ms with torch and ~50 ms with it
 on this project's CPU (``radixserve bench kernels`` measures it against the weight-read
 limit). From ~64 rows torch's float32 GEMM is as fast or faster, so larger batches keep it.
-bfloat16 goes native at every size: torch's bfloat16 GEMM on a CPU without bfloat16
-instructions ran 3.6-4.2x slower than the kernel (which widens the weights in registers)
-from 16 to 2048 rows. Without the native module, float32 up to ``FEW_ROWS`` rows is written
+bfloat16 goes native at every size on a CPU without bfloat16 instructions, where torch's
+bfloat16 GEMM ran 3.6-4.2x slower than the kernel (which widens the weights in registers)
+from 16 to 2048 rows; where the CPU has them (AVX512_BF16, AMX), torch's GEMM is the fast
+one (a 2048-token prefill ran 6x faster with it) and only up to ``NATIVE_BF16_ROWS`` rows
+go native. Without the native module, float32 up to ``FEW_ROWS`` rows is written
 weight-first, ``(W @ x.T).T``, which MKL ran 1.5-2x faster than ``x @ W.T`` here.
 """
 
@@ -22,7 +24,14 @@ from torch import nn
 from radixserve.csrc import load_native
 
 NATIVE_ROWS = 32
+NATIVE_BF16_ROWS = 8
 FEW_ROWS = 128
+# Whether torch's own bfloat16 GEMM runs on bfloat16 instructions here (torch.cpu's probes
+# are private; a torch without them is taken to lack the instructions).
+BF16_GEMM = any(
+    getattr(torch.cpu, probe, lambda: False)()
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -45,7 +54,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def _native_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if x.dtype != weight.dtype or not weight.is_contiguous():
         return False
-    return x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and len(x) <= NATIVE_ROWS)
+    if x.dtype == torch.bfloat16:
+        return not BF16_GEMM or len(x) <= NATIVE_BF16_ROWS
+    return x.dtype == torch.float32 and len(x) <= NATIVE_ROWS
 
 
 class Linear(nn.Linear):

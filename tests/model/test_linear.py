@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from radixserve.csrc import load_native, native_available
 from radixserve.model import linear as linear_module
-from radixserve.model.linear import FEW_ROWS, NATIVE_ROWS, Linear, linear
+from radixserve.model.linear import FEW_ROWS, NATIVE_BF16_ROWS, NATIVE_ROWS, Linear, linear
 
 needs_native = pytest.mark.skipif(not native_available(), reason="native kernels did not build")
 
@@ -70,8 +70,15 @@ def test_decode_rows_take_the_native_kernel(monkeypatch):
     for rows in (3, NATIVE_ROWS, NATIVE_ROWS + 1):
         linear(torch.randn(rows, 8), w)
     assert calls == [3, NATIVE_ROWS]  # float32: few rows only
+    # bfloat16: any number of rows where torch's bfloat16 GEMM is slow, few where it is fast
+    monkeypatch.setattr(linear_module, "BF16_GEMM", False)
     linear(torch.randn(500, 8).bfloat16(), w.bfloat16())
-    assert calls[-1] == 500  # bfloat16: any number of rows
+    assert calls[-1] == 500
+    monkeypatch.setattr(linear_module, "BF16_GEMM", True)
+    del calls[:]
+    for rows in (NATIVE_BF16_ROWS, NATIVE_BF16_ROWS + 1, 500):
+        linear(torch.randn(rows, 8).bfloat16(), w.bfloat16())
+    assert calls == [NATIVE_BF16_ROWS]
 
 
 def test_without_native_kernels_few_rows_still_match(monkeypatch):
