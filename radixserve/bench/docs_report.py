@@ -96,7 +96,8 @@ def tables(section: Section, data: dict) -> str:
     for i, spec in enumerate(specs):
         if data.get(spec.key):
             table = markdown_table(data[spec.key], spec.columns)
-            parts.append(table if i == 0 else f"### {spec.title.capitalize()}\n\n{table}")
+            title = spec.title[0].upper() + spec.title[1:]
+            parts.append(table if i == 0 else f"### {title}\n\n{table}")
     if "measured" in data:
         parts.append(f"(Measured {data['measured']}.)")
     return "\n\n".join(parts)

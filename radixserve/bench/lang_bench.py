@@ -23,6 +23,7 @@ from radixserve.bench.report import (
     with_progress,
     write_json,
 )
+from radixserve.bench.timing import alternating, paired
 from radixserve.bench.workloads import optimal_hit_rate
 from radixserve.engine import Engine, SamplingParams
 from radixserve.lang import EngineBackend, assistant, function, gen, system, user
@@ -40,7 +41,7 @@ class LangBenchConfig:
     tot_depth: int = 2
     max_tokens: int = 16
     page_size: int = 1
-    rounds: int = 1  # cache on/off alternate this many times; the best time of each is kept
+    rounds: int = 1  # cache on/off alternate this many times
     seed: int = 0
 
 
@@ -173,20 +174,26 @@ def run_once(cfg: LangBenchConfig, program: str, cache_on: bool) -> dict:
 def run_lang_bench(
     cfg: LangBenchConfig, programs: Sequence[str], step: Callable[[str], None]
 ) -> list[dict]:
-    """Cache on and off alternate per round, so machine drift hits both alike."""
-    best: dict[tuple[str, str], dict] = {}
+    """Cache on and off alternate round by round; each row is its median round, and the
+    speedup the median of the paired rounds' ratios (with their min-max)."""
+    rows = []
     for program in programs:
-        for _ in range(cfg.rounds):
-            for cache_on in (True, False):
-                row = run_once(cfg, program, cache_on)
-                key = (program, row["cache"])
-                if key not in best or row["seconds"] < best[key]["seconds"]:
-                    best[key] = row
-                step(f"{program} cache {row['cache']}")
-    rows = list(best.values())
-    for row in rows:
-        off = best[(row["program"], "off")]
-        row["speedup"] = off["seconds"] / row["seconds"]
+        rounds: dict[str, list[dict]] = {"radix": [], "off": []}
+        for label in alternating(["radix", "off"], cfg.rounds):
+            rounds[label].append(run_once(cfg, program, label == "radix"))
+            step(f"{program} cache {label}")
+        off = [r["seconds"] for r in rounds["off"]]
+        for runs in rounds.values():
+            ratio = paired(off, [r["seconds"] for r in runs])
+            row = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+            rows.append(
+                {
+                    **row,
+                    "speedup": ratio["median"],
+                    "speedup_min": ratio["min"],
+                    "speedup_max": ratio["max"],
+                }
+            )
     return rows
 
 

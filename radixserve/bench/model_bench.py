@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -22,6 +21,7 @@ import torch
 
 from radixserve.attention import ExtendRequest, ForwardBatch, create_attention_backend
 from radixserve.bench.report import Column, TableSpec, num, print_tables, with_progress, write_json
+from radixserve.bench.timing import medians, time_alternating
 from radixserve.memory import KVSlotAllocator
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model.loader import LoadedModel
@@ -138,14 +138,9 @@ class _Theirs:
 
 
 def _alternate(ours: Callable, theirs: Callable, reps: int) -> tuple[float, float]:
-    """Median seconds of each, timed A B A B ..."""
-    times: dict[str, list[float]] = {"ours": [], "theirs": []}
-    for _ in range(reps):
-        for name, fn in (("ours", ours), ("theirs", theirs)):
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return float(np.median(times["ours"])), float(np.median(times["theirs"]))
+    """Median seconds of each, alternating (both warmed up once)."""
+    m = medians(time_alternating({"ours": ours, "theirs": theirs}, reps))
+    return m["ours"], m["theirs"]
 
 
 def run_model_bench(
@@ -166,8 +161,6 @@ def run_model_bench(
             if on_step:
                 on_step(f"{dtype_name} prefill {n}")
             ids = rng.integers(0, vocab, n).astype(np.int64)
-            ours.prefill(ids)  # warm up both
-            theirs.prefill(ids)
             t_ours, t_theirs = _alternate(
                 partial(ours.prefill, ids), partial(theirs.prefill, ids), cfg.reps
             )
@@ -177,7 +170,6 @@ def run_model_bench(
                 on_step(f"{dtype_name} decode batch {batch}")
             step_ours = ours.decoder(batch, cfg.context)
             step_theirs = theirs.decoder(batch, cfg.context)
-            step_ours(), step_theirs()  # warm up
             t_ours, t_theirs = _alternate(step_ours, step_theirs, cfg.decode_steps)
             label = f"decode batch {batch}, context {cfg.context}"
             rows.append(_row(dtype_name, label, batch, t_ours, t_theirs))

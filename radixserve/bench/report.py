@@ -70,7 +70,7 @@ def print_table(
         table.add_column(c.header, justify="right")
     for row in rows:
         table.add_row(*(c.fmt(row.get(c.key)) for c in shown))
-    Console(width=None if wide else 80).print(table)
+    Console(width=1000 if wide else 80).print(table)  # wide: as wide as the columns need
 
 
 def print_tables(data: dict, specs: Sequence[TableSpec], wide: bool = False) -> None:

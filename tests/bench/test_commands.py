@@ -191,3 +191,28 @@ def test_bench_kernels_command_writes_json_and_plot(tmp_path, capsys):
     assert data["read_gb_s"] > 0
     assert png.stat().st_size > 0
     assert "read bandwidth" in capsys.readouterr().out
+
+
+def test_bench_model_command_compares_with_transformers(tmp_path, capsys):
+    out = tmp_path / "model.json"
+    args = ["bench", "model", "--quick", "--model", "tiny", "--dtypes", "float32"]
+    assert main([*args, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"].split()[0] for r in rows] == ["prefill", "decode", "decode"]
+    for r in rows:
+        assert r["ours_tok_s"] > 0 and r["transformers_tok_s"] > 0
+        assert r["ratio"] == pytest.approx(r["ours_tok_s"] / r["transformers_tok_s"])
+    assert "transformers" in capsys.readouterr().out
+
+
+def test_terminal_tables_fit_80_columns_unless_wide(capsys):
+    from radixserve.bench.report import print_tables
+    from radixserve.bench.serving_bench import TABLES
+
+    row = {c.key: 123456.789 for c in TABLES[0].columns} | {"workload": "few-shot"}
+    print_tables({"rows": [row]}, TABLES[:1])
+    narrow = capsys.readouterr().out
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert "dedup" not in narrow  # a wide column
+    print_tables({"rows": [row]}, TABLES[:1], wide=True)
+    assert "dedup" in capsys.readouterr().out
