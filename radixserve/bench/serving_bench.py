@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from radixserve.bench.report import (
     Column,
@@ -142,47 +141,6 @@ def run_engine(engine: Engine, workload: Workload, label: str) -> dict:
     }
 
 
-@torch.inference_mode()
-def run_transformers(hf, workload: Workload, batch: int) -> dict:
-    """transformers' ``generate``, greedy, batches of similar length, left-padded; no reuse
-    across requests (each batch computes every prompt token)."""
-    start = time.perf_counter()
-    done = 0
-    for wave in workload.waves:
-        ordered = sorted(wave, key=lambda r: len(r.prompt))
-        for i in range(0, len(ordered), batch):
-            group = ordered[i : i + batch]
-            width = max(len(r.prompt) for r in group)
-            ids = torch.zeros(len(group), width, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for row, r in enumerate(group):
-                ids[row, width - len(r.prompt) :] = torch.from_numpy(r.prompt.astype(np.int64))
-                mask[row, width - len(r.prompt) :] = 1
-            new = max(r.max_tokens for r in group)
-            hf.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=new,
-                min_new_tokens=new,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            done += len(group)
-    seconds = time.perf_counter() - start
-    prompt = workload.prompt_tokens
-    outputs = sum(r.max_tokens for r in workload.requests)
-    return {
-        "workload": workload.name,
-        "config": "transformers",
-        "requests": done,
-        "seconds": seconds,
-        "req_s": done / seconds,
-        "tok_s": (prompt + outputs) / seconds,
-        "hit_rate": 0.0,
-        "prefill_tokens": prompt,
-    }
-
-
 def run_serving_bench(
     cfg: ServingBenchConfig, step: Callable[[str], None] = lambda label: None
 ) -> dict:
@@ -272,6 +230,8 @@ def _run_one(label, engines, hf, work: Workload, cfg: ServingBenchConfig) -> dic
     if label in engines:
         return run_engine(engines[label], work, label)
     if label == "transformers":
+        from radixserve.bench.transformers_peer import run_transformers
+
         return run_transformers(hf, work, cfg.hf_batch)
     if cfg.vllm_python is None:
         return None
