@@ -4,6 +4,7 @@ health, metrics, server info, the cache audit and flush."""
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -99,7 +100,9 @@ async def generate(
 
 
 async def _finished_seen(request: Request, chunks):
-    async for chunk in chunks:
-        if chunk["finished"]:
-            request.app.state.on_finish({"rid": chunk["rid"], "meta_info": chunk["meta_info"]})
-        yield chunk
+    async with aclosing(chunks):  # a hang-up closes the engine's stream too, at once
+        async for chunk in chunks:
+            if chunk["finished"]:
+                meta = chunk["meta_info"]
+                request.app.state.on_finish({"rid": chunk["rid"], "meta_info": meta})
+            yield chunk

@@ -64,12 +64,9 @@ async def completions(
         logprob_start_len=0 if body.echo and logprobs else -1,
     )
     source = body.prompts()
-    echo = None
+    echo = None  # each prompt's text, which its choices open with
     if body.echo:
-        texts = source.get("prompt") or [
-            engine.tokenizer.decode(ids) for ids in source["input_ids"]
-        ]
-        echo = list(texts)
+        echo = source.get("prompt") or [engine.tokenizer.decode(i) for i in source["input_ids"]]
     ns = namespace(tenant_ns, body.cache_salt)
     head = _head(request, "text_completion", "cmpl")
     if body.stream:
