@@ -16,7 +16,6 @@ from pathlib import Path
 # name: (module, help)
 COMMANDS = {
     "demo": ("radixserve.bench.demo", "a chat workload served with the prefix cache on and off"),
-    "cache-demo": ("radixserve.bench.cache_demo", "a multi-turn chat workload through the tree"),
 }
 BENCHES = {
     "cache": ("radixserve.bench.cache_bench", "match/insert/evict latency of the radix tree"),

@@ -1,4 +1,5 @@
-"""``radixserve bench cache``: latency of the radix tree's hot operations.
+"""``radixserve bench cache``: latency of the radix tree's hot operations, and what the tree
+alone saves on a multi-turn chat workload (no model).
 
 Trees are grown from a system-prompt/multi-turn shape: ``num_prompts`` long shared prompts,
 each with conversations of two turns below it. A query follows one prompt and the first turn
@@ -19,12 +20,14 @@ from radixserve.bench.report import (
     Column,
     TableSpec,
     num,
+    pct,
     plot_or_explain,
     print_tables,
     with_progress,
     write_json,
 )
 from radixserve.bench.simulate import serve_without_model
+from radixserve.bench.workloads import MultiTurnChat, optimal_hit_rate
 from radixserve.cache import RadixCache
 from radixserve.memory import KVSlotAllocator
 
@@ -192,6 +195,38 @@ def run_cache_bench(
     return rows
 
 
+def chat_through_tree(workload: MultiTurnChat, page_size: int, capacity: int | None) -> dict:
+    """Serve ``workload`` through a tree of ``capacity`` KV slots (unbounded when None) as an
+    engine would, with no model: its hit rate beside the optimal (each distinct page of
+    prefix computed once) and the KV memory that sharing saves."""
+    requests = list(workload.requests())
+    total = sum(len(r.sequence) for r in requests)
+    slots = capacity or -(-total // page_size) * page_size + page_size
+    cache = RadixCache(page_size, KVSlotAllocator(slots, page_size))
+    latest: dict[int, int] = {}  # conversation -> its tokens so far, were nothing shared
+    hits, seconds = [], []
+    for req in requests:
+        t0 = time.perf_counter()
+        hits.append(serve_without_model(cache, req.prompt, req.output))
+        seconds.append(time.perf_counter() - t0)
+        latest[req.conversation] = len(req.sequence)
+    prompt = sum(len(r.prompt) for r in requests)
+    evicted = cache.stats().evicted_tokens
+    return {
+        "page_size": page_size,
+        "kv_slots": slots,
+        "requests": len(requests),
+        "prompt_tokens": prompt,
+        "hit_rate": sum(hits) / prompt,
+        "optimal_hit_rate": optimal_hit_rate([(r.prompt, r.output) for r in requests], page_size),
+        "request_hit_rate": sum(h > 0 for h in hits) / len(requests),
+        # what sharing saves, while everything stays cached
+        "memory_saved": None if evicted else 1 - cache.total_size / sum(latest.values()),
+        "evicted_tokens": evicted,
+        "request_p50_us": 1e6 * float(np.median(seconds)),
+    }
+
+
 def num_steps(cfg: CacheBenchConfig) -> int:
     return len(cfg.page_sizes) * (len(cfg.shapes()) + 1)
 
@@ -258,7 +293,25 @@ TABLES = (
             Column("p99_us", "p99 µs", num(1)),
         ),
     ),
+    TableSpec(
+        "chat",
+        "a multi-turn chat workload through the tree alone",
+        (
+            Column("page_size", "page"),
+            Column("kv_slots", "KV slots"),
+            Column("requests", "requests", wide=True),
+            Column("hit_rate", "hit rate", pct),
+            Column("optimal_hit_rate", "optimal", pct),
+            Column("request_hit_rate", "requests hit", pct, wide=True),
+            Column("memory_saved", "KV saved", pct),
+            Column("evicted_tokens", "evicted"),
+            Column("request_p50_us", "µs/request", num(1)),
+        ),
+    ),
 )
+# 64 conversations x 4 turns under 4 system prompts of 1,024 tokens (16 x 2 when quick)
+CHAT = MultiTurnChat()
+QUICK_CHAT = MultiTurnChat(num_conversations=16, turns=2)
 QUICK = {
     "tree_sizes": (10_000,),
     "hit_lens": (128, 1024),
@@ -273,6 +326,7 @@ QUICK = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--quick", action="store_true", help="a small grid, for smoke tests")
+    p.add_argument("--capacity", type=int, help="KV slots for the chat workload too")
     p.add_argument("--plot", help="write a PNG chart to this file")
     p.add_argument("--seed", type=int, default=0)
 
@@ -282,9 +336,15 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         cfg = replace(cfg, **QUICK)
     rows = with_progress("bench cache", num_steps(cfg), lambda step: run_cache_bench(cfg, step))
-    print_tables({"rows": rows}, TABLES, args.wide)
+    chat = QUICK_CHAT if args.quick else CHAT
+    capacities = [None] if args.capacity is None else [None, args.capacity]
+    data = {
+        "rows": rows,
+        "chat": [chat_through_tree(chat, p, c) for p in cfg.page_sizes for c in capacities],
+    }
+    print_tables(data, TABLES, args.wide)
     if args.json:
-        write_json(args.json, {"config": vars(cfg), "rows": rows})
+        write_json(args.json, {"config": vars(cfg), **data})
     if args.plot:
         from radixserve.bench import plots
 

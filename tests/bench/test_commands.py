@@ -3,8 +3,12 @@ import json
 import numpy as np
 import pytest
 
-from radixserve.bench.cache_bench import CacheBenchConfig, TreeShape, run_cache_bench
-from radixserve.bench.cache_demo import run_demo
+from radixserve.bench.cache_bench import (
+    CacheBenchConfig,
+    TreeShape,
+    chat_through_tree,
+    run_cache_bench,
+)
 from radixserve.bench.simulate import serve_without_model
 from radixserve.bench.workloads import MultiTurnChat
 from radixserve.cache import RadixCache
@@ -52,24 +56,18 @@ def test_serving_under_memory_pressure_evicts_and_balances():
     assert cache.stats().evicted_tokens > 0
 
 
-def test_demo_reaches_the_optimal_hit_rate_with_room_for_everything():
-    result = run_demo(SMALL, page_size=16, capacity=None, progress=False)
-    assert result.hit_tokens == result.optimal_hit_tokens > 0
-    assert result.evicted_tokens == 0
-    assert 0 < result.memory_saved < 1
+def test_the_chat_reaches_the_optimal_hit_rate_with_room_for_everything():
+    row = chat_through_tree(SMALL, page_size=16, capacity=None)
+    assert row["hit_rate"] == pytest.approx(row["optimal_hit_rate"]) and row["hit_rate"] > 0
+    assert row["evicted_tokens"] == 0
+    assert 0 < row["memory_saved"] < 1
 
 
-def test_demo_with_little_memory_evicts_and_hits_less():
-    roomy = run_demo(SMALL, page_size=16, capacity=None, progress=False)
-    tight = run_demo(SMALL, page_size=16, capacity=512, progress=False)
-    assert tight.evicted_tokens > 0
-    assert tight.hit_tokens < roomy.hit_tokens
-
-
-def test_cache_demo_command(capsys):
-    assert main(["cache-demo", "--conversations", "4", "--turns", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "token hit rate" in out and "saved" in out
+def test_the_chat_with_little_memory_evicts_and_hits_less():
+    roomy = chat_through_tree(SMALL, page_size=16, capacity=None)
+    tight = chat_through_tree(SMALL, page_size=16, capacity=512)
+    assert tight["evicted_tokens"] > 0 and tight["memory_saved"] is None
+    assert tight["hit_rate"] < roomy["hit_rate"] <= roomy["optimal_hit_rate"]
 
 
 def test_tree_shapes_hit_what_they_promise():
@@ -106,15 +104,17 @@ def test_cache_bench_rows(tmp_path):
 
 def test_bench_cache_command_writes_json(tmp_path, capsys):
     out = tmp_path / "cache.json"
-    assert main(["bench", "cache", "--quick", "--page-sizes", "16", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
-    assert {r["op"] for r in rows} == {"match", "insert", "evict leaf"}
+    args = ["bench", "cache", "--quick", "--page-sizes", "16", "--capacity", "2048"]
+    assert main([*args, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert {r["op"] for r in data["rows"]} == {"match", "insert", "evict leaf"}
+    assert [r["kv_slots"] == 2048 for r in data["chat"]] == [False, True]
     assert "p50" in capsys.readouterr().out
 
 
 def test_bad_arguments_fail_cleanly(capsys):
-    assert main(["cache-demo", "--turns", "0"]) == 2
-    assert "turns must be >= 1" in capsys.readouterr().err
+    assert main(["bench", "serving", "--model", "tiny", "--configs", "nope"]) == 2
+    assert "unknown config 'nope'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["no-such-command"])
 
