@@ -27,6 +27,7 @@ class Section:
     command: str | None
     module: str | None = None  # whose TABLES render the JSON
     image: str | None = None
+    wide: bool = False  # every column, not the narrow set the terminal shows
 
 
 SECTIONS = (
@@ -53,6 +54,7 @@ SECTIONS = (
         "radixserve bench serving --workload shared-system-prompt --configs radix-lpm "
         "radix-lpm-torch --max-tokens 16 --rounds 3 --json docs/bench_serving_native.json",
         SERVING,
+        wide=True,  # its point is the decode column
     ),
     Section(
         "serve",
@@ -95,7 +97,7 @@ def tables(section: Section, data: dict) -> str:
     parts = []
     for i, spec in enumerate(specs):
         if data.get(spec.key):
-            table = markdown_table(data[spec.key], spec.columns)
+            table = markdown_table(data[spec.key], spec.columns, section.wide)
             title = spec.title[0].upper() + spec.title[1:]
             parts.append(table if i == 0 else f"### {title}\n\n{table}")
     if "measured" in data:

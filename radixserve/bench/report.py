@@ -79,8 +79,8 @@ def print_tables(data: dict, specs: Sequence[TableSpec], wide: bool = False) -> 
             print_table(spec.title, data[spec.key], spec.columns, wide)
 
 
-def markdown_table(rows: Sequence[dict], columns: Sequence[Column]) -> str:
-    present = [c for c in columns if any(c.key in r for r in rows)]
+def markdown_table(rows: Sequence[dict], columns: Sequence[Column], wide: bool = False) -> str:
+    present = [c for c in columns if (wide or not c.wide) and any(c.key in r for r in rows)]
     head = "| " + " | ".join(c.header for c in present) + " |"
 
     def numeric(key: str) -> bool:
