@@ -26,8 +26,8 @@ from radixserve.bench.report import (
     with_progress,
     write_json,
 )
-from radixserve.bench.simulate import serve_without_model
-from radixserve.bench.workloads import MultiTurnChat, optimal_hit_rate
+from radixserve.bench.simulate import chat_through_tree, serve_without_model
+from radixserve.bench.workloads import MultiTurnChat
 from radixserve.cache import RadixCache
 from radixserve.memory import KVSlotAllocator
 
@@ -193,38 +193,6 @@ def run_cache_bench(
             on_step(f"page {page_size}: eviction")
         rows.append(bench_eviction(page_size, cfg))
     return rows
-
-
-def chat_through_tree(workload: MultiTurnChat, page_size: int, capacity: int | None) -> dict:
-    """Serve ``workload`` through a tree of ``capacity`` KV slots (unbounded when None) as an
-    engine would, with no model: its hit rate beside the optimal (each distinct page of
-    prefix computed once) and the KV memory that sharing saves."""
-    requests = list(workload.requests())
-    total = sum(len(r.sequence) for r in requests)
-    slots = capacity or -(-total // page_size) * page_size + page_size
-    cache = RadixCache(page_size, KVSlotAllocator(slots, page_size))
-    latest: dict[int, int] = {}  # conversation -> its tokens so far, were nothing shared
-    hits, seconds = [], []
-    for req in requests:
-        t0 = time.perf_counter()
-        hits.append(serve_without_model(cache, req.prompt, req.output))
-        seconds.append(time.perf_counter() - t0)
-        latest[req.conversation] = len(req.sequence)
-    prompt = sum(len(r.prompt) for r in requests)
-    evicted = cache.stats().evicted_tokens
-    return {
-        "page_size": page_size,
-        "kv_slots": slots,
-        "requests": len(requests),
-        "prompt_tokens": prompt,
-        "hit_rate": sum(hits) / prompt,
-        "optimal_hit_rate": optimal_hit_rate([(r.prompt, r.output) for r in requests], page_size),
-        "request_hit_rate": sum(h > 0 for h in hits) / len(requests),
-        # what sharing saves, while everything stays cached
-        "memory_saved": None if evicted else 1 - cache.total_size / sum(latest.values()),
-        "evicted_tokens": evicted,
-        "request_p50_us": 1e6 * float(np.median(seconds)),
-    }
 
 
 def num_steps(cfg: CacheBenchConfig) -> int:

@@ -11,8 +11,6 @@ case's limit is the bytes it must read at a read-only probe's bandwidth, measure
 from __future__ import annotations
 
 import argparse
-import gc
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -38,7 +36,7 @@ from radixserve.bench.report import (
     write_json,
 )
 from radixserve.bench.timing import medians, time_alternating
-from radixserve.cache.tokens import encode_tokens
+from radixserve.bench.walk_bench import matcher_rows
 from radixserve.csrc import load_native
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model.presets import preset_hf_config
@@ -90,7 +88,7 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dic
     linear = []
     for dtype in cfg.dtypes:
         linear += linear_rows_bench(hf, _DTYPES[dtype], probe, cfg, step)
-    matcher = matcher_rows(cfg)
+    matcher = matcher_rows(cfg.matcher_tree_tokens, cfg.matcher_hit, cfg.page_size, cfg.seed)
     step("matcher")
     return {
         "read_gb_s": float(np.median([r["read_gb_s"] for r in rows])),
@@ -272,70 +270,6 @@ def linear_rows_bench(
         rows.append(row)
         step(f"linear {rows[-1]['dtype']} {n} rows")
     return rows
-
-
-def matcher_rows(cfg: KernelBenchConfig) -> list[dict]:
-    """The radix tree's walk for a full ``matcher_hit``-token hit and for a query leaving a
-    long edge halfway (where the native first-mismatch scan replaces a binary search of
-    memcmps), with and without the native scan; p50 over 1,000 walks of random prompts, each
-    right after its key is encoded (as ``match_prefix`` does), and of whole matches."""
-    from radixserve.bench.cache_bench import TreeShape, _unseen_tokens, build_tree
-
-    shape = TreeShape.for_sizes(cfg.matcher_tree_tokens, cfg.matcher_hit)
-    rng = np.random.default_rng(cfg.seed)
-    cache, first_turns = build_tree(shape, cfg.page_size, rng)
-    picks = rng.integers(0, len(first_turns), 1000)
-    hits = [np.concatenate([first_turns[i], _unseen_tokens(rng, 64)]) for i in picks]
-    partial = []
-    for q in hits:
-        q = q.copy()
-        q[shape.prompt_len // 2 :] = _unseen_tokens(rng, len(q) - shape.prompt_len // 2)
-        partial.append(q)
-    native = cache._native
-    rows = []
-    for case, queries in (("full hit", hits), ("leaves an edge halfway", partial)):
-        p50 = {}
-        for name, impl in (("python", None), ("native", native)):
-            cache._native = impl
-            p50[name] = _walk_p50_us(cache, queries)
-        full = _p50_us([lambda q=q: cache.match_prefix(q) for q in queries])
-        rows.append(
-            {
-                "kernel": "matcher",
-                "case": f"{case}, {shape.tree_tokens:,}-token tree",
-                "python_walk_us": p50["python"],
-                "native_walk_us": p50["native"] if native is not None else None,
-                "match_prefix_us": full,
-            }
-        )
-    return rows
-
-
-def _walk_p50_us(cache, queries: list[np.ndarray]) -> float:
-    gc.disable()
-    try:
-        times = []
-        for q in queries:
-            key = encode_tokens(q)
-            start = time.perf_counter()
-            cache._walk(key, None)
-            times.append(time.perf_counter() - start)
-    finally:
-        gc.enable()
-    return float(np.median(times) * 1e6)
-
-
-def _p50_us(calls: list[Callable[[], object]]) -> float:
-    gc.disable()
-    try:
-        times = []
-        for call in calls:
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-    finally:
-        gc.enable()
-    return float(np.median(times) * 1e6)
 
 
 TABLES = (

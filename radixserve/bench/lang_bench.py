@@ -23,7 +23,7 @@ from radixserve.bench.report import (
     with_progress,
     write_json,
 )
-from radixserve.bench.timing import alternating, paired
+from radixserve.bench.timing import alternating, median_round, paired
 from radixserve.bench.workloads import optimal_hit_rate
 from radixserve.engine import Engine, SamplingParams
 from radixserve.lang import EngineBackend, assistant, function, gen, system, user
@@ -185,7 +185,7 @@ def run_lang_bench(
         off = [r["seconds"] for r in rounds["off"]]
         for runs in rounds.values():
             ratio = paired(off, [r["seconds"] for r in runs])
-            row = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+            row = median_round(runs)
             rows.append(
                 {
                     **row,

@@ -31,7 +31,7 @@ from radixserve.bench.report import (
     with_progress,
     write_json,
 )
-from radixserve.bench.timing import alternating, paired
+from radixserve.bench.timing import alternating, median_round, paired
 from radixserve.bench.workloads import SERVING_WORKLOADS, Workload, make_workload
 from radixserve.engine import Engine, SamplingParams
 
@@ -191,7 +191,7 @@ def run_serving_bench(
 
 
 def _median_round(rounds: list[dict], optimal: float) -> dict:
-    row = sorted(rounds, key=lambda r: r["seconds"])[len(rounds) // 2]
+    row = median_round(rounds)
     return {
         **row,
         "round_seconds": [r["seconds"] for r in rounds],

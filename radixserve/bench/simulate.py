@@ -1,11 +1,16 @@
-"""Serving a request against the cache alone, with no model: what the scheduler does to the
-tree and the allocator for one request, for simulators, demos and benchmarks."""
+"""Serving against the cache alone, with no model: what the scheduler does to the tree and
+the allocator for one request, and a whole chat workload served that way, for simulators,
+demos and benchmarks."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
+from radixserve.bench.workloads import MultiTurnChat, optimal_hit_rate
 from radixserve.cache import RadixCache
+from radixserve.memory import KVSlotAllocator
 
 
 def serve_without_model(cache: RadixCache, prompt: np.ndarray, output: np.ndarray) -> int:
@@ -35,3 +40,35 @@ def serve_without_model(cache: RadixCache, prompt: np.ndarray, output: np.ndarra
     # output itself was cached before; duplicates and the unaligned tail go back.
     alloc.free(np.concatenate([slots[hit.length : done.prefix_len], slots[done.match.length :]]))
     return min(hit.length, (len(prompt) - 1) // cache.page_size * cache.page_size)
+
+
+def chat_through_tree(workload: MultiTurnChat, page_size: int, capacity: int | None) -> dict:
+    """Serve ``workload`` through a tree of ``capacity`` KV slots (unbounded when None) as an
+    engine would, with no model: its hit rate beside the optimal (each distinct page of
+    prefix computed once) and the KV memory that sharing saves."""
+    requests = list(workload.requests())
+    total = sum(len(r.sequence) for r in requests)
+    slots = capacity or -(-total // page_size) * page_size + page_size
+    cache = RadixCache(page_size, KVSlotAllocator(slots, page_size))
+    latest: dict[int, int] = {}  # conversation -> its tokens so far, were nothing shared
+    hits, seconds = [], []
+    for req in requests:
+        t0 = time.perf_counter()
+        hits.append(serve_without_model(cache, req.prompt, req.output))
+        seconds.append(time.perf_counter() - t0)
+        latest[req.conversation] = len(req.sequence)
+    prompt = sum(len(r.prompt) for r in requests)
+    evicted = cache.stats().evicted_tokens
+    return {
+        "page_size": page_size,
+        "kv_slots": slots,
+        "requests": len(requests),
+        "prompt_tokens": prompt,
+        "hit_rate": sum(hits) / prompt,
+        "optimal_hit_rate": optimal_hit_rate([(r.prompt, r.output) for r in requests], page_size),
+        "request_hit_rate": sum(h > 0 for h in hits) / len(requests),
+        # what sharing saves, while everything stays cached
+        "memory_saved": None if evicted else 1 - cache.total_size / sum(latest.values()),
+        "evicted_tokens": evicted,
+        "request_p50_us": 1e6 * float(np.median(seconds)),
+    }

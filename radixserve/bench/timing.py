@@ -37,6 +37,11 @@ def medians(seconds: dict[str, list[float]]) -> dict[str, float]:
     return {name: median(values) for name, values in seconds.items()}
 
 
+def median_round(rounds: Sequence[dict], key: str = "seconds") -> dict:
+    """The round whose ``key`` is the median (the upper middle one of an even count)."""
+    return sorted(rounds, key=lambda r: r[key])[len(rounds) // 2]
+
+
 def paired(slow: Sequence[float], fast: Sequence[float]) -> dict[str, float]:
     """``slow[i] / fast[i]`` for rounds run back to back: median, min and max."""
     ratios = [a / b for a, b in zip(slow, fast, strict=True)]

@@ -3,13 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from radixserve.bench.cache_bench import (
-    CacheBenchConfig,
-    TreeShape,
-    chat_through_tree,
-    run_cache_bench,
-)
-from radixserve.bench.simulate import serve_without_model
+from radixserve.bench.cache_bench import CacheBenchConfig, TreeShape, run_cache_bench
+from radixserve.bench.simulate import chat_through_tree, serve_without_model
 from radixserve.bench.workloads import MultiTurnChat
 from radixserve.cache import RadixCache
 from radixserve.cli import main
