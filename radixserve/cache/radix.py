@@ -25,6 +25,7 @@ from radixserve.cache.base import (
     PrefixMatch,
 )
 from radixserve.cache.invariants import check_radix_invariants
+from radixserve.cache.picture import draw_radix
 from radixserve.cache.shared_paths import group_shared_paths
 from radixserve.cache.slot_checks import (
     EMPTY_SLOTS,
@@ -32,7 +33,7 @@ from radixserve.cache.slot_checks import (
     check_slots,
     check_whole_pages,
 )
-from radixserve.cache.tokens import TOKEN_BYTES, decode_tokens, encode_tokens
+from radixserve.cache.tokens import TOKEN_BYTES, encode_tokens
 from radixserve.cache.tree_node import TreeNode
 from radixserve.csrc import load_native
 from radixserve.memory import KVSlotAllocator
@@ -237,27 +238,7 @@ class RadixCache(BasePrefixCache):
         return group_shared_paths([self._check_handle(n) for n in nodes], lengths, min_len)
 
     def pretty_print(self, max_tokens: int = 8) -> str:
-        lines = []
-
-        def visit(node: TreeNode, depth: int) -> None:
-            ids = decode_tokens(node.key[: max_tokens * TOKEN_BYTES])
-            more = " ..." if node.num_tokens > max_tokens else ""
-            lines.append(
-                f"{'  ' * depth}- {node.num_tokens} tokens {ids}{more} "
-                f"lock={node.lock_ref} t={node.last_access}"
-            )
-            for child in node.children.values():
-                visit(child, depth + 1)
-
-        for namespace, root in self._roots.items():
-            lines.append(f"namespace {namespace!r}")
-            for child in root.children.values():
-                visit(child, 1)
-        lines.append(
-            f"total={self.total_size} evictable={self.evictable_size} "
-            f"protected={self.protected_size}"
-        )
-        text = "\n".join(lines)
+        text = draw_radix(self, max_tokens)
         print(text)
         return text
 
