@@ -49,6 +49,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_running_requests=args.max_running_requests,
         schedule_policy=args.schedule_policy,
         chunked_prefill_size=args.chunked_prefill_size,
+        mixed_batches=not args.no_mixed_batches,
+        itl_target_ms=args.itl_target_ms,
         enable_prefix_cache=not args.disable_prefix_cache,
         cache_index=args.cache_index,
         attention_backend=args.attention_backend,
@@ -79,7 +81,20 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--schedule-policy", default="lpm")
-    p.add_argument("--chunked-prefill-size", type=int, default=2048)
+    p.add_argument(
+        "--chunked-prefill-size", type=int, default=2048, help="tokens a step, decodes counted"
+    )
+    p.add_argument(
+        "--no-mixed-batches",
+        action="store_true",
+        help="prefill and decode passes take turns (running requests wait while prompts fill)",
+    )
+    p.add_argument(
+        "--itl-target-ms",
+        type=float,
+        default=None,
+        help="size each step's prefill to keep inter-token latency near this target",
+    )
     p.add_argument("--disable-prefix-cache", action="store_true")
     p.add_argument("--cache-index", default="radix", help="radix or block-hash")
     p.add_argument("--attention-backend", default="auto")

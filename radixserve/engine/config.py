@@ -18,7 +18,13 @@ class EngineConfig:
     max_running_requests: int = 64
     schedule_policy: str = "lpm"
     lpm_aging_tokens_per_s: float = 2000.0  # how fast waiting raises an LPM priority
-    chunked_prefill_size: int = 2048
+    chunked_prefill_size: int = 2048  # tokens per step, decodes counted
+    # steps carry every running decode plus prefill chunks (False: prefill and decode passes
+    # take turns, and running requests wait while prompts prefill)
+    mixed_batches: bool = True
+    # size each step's prefill so the step (every running request's inter-token latency)
+    # is predicted to take at most this long; None: the token budget alone
+    itl_target_ms: float | None = None
     enable_prefix_cache: bool = True
     cache_index: str = "radix"  # or "block-hash": vLLM's way, kept for comparison
     attention_backend: str = "auto"
@@ -55,5 +61,7 @@ class EngineConfig:
             raise ValueError("max_running_requests must be >= 1")
         if self.cascade_min_shared < 1:
             raise ValueError("cascade_min_shared must be >= 1")
+        if self.itl_target_ms is not None and not self.itl_target_ms > 0:
+            raise ValueError(f"itl_target_ms must be positive, got {self.itl_target_ms}")
         if self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be at least one page")

@@ -234,7 +234,7 @@ class Engine:
 
     def _step(self) -> None:
         m = self.metrics
-        t0 = time.perf_counter()
+        t0 = t_step = time.perf_counter()
         batch = self.scheduler.schedule()
         m.scheduler_s += time.perf_counter() - t0
         if batch is None:
@@ -264,6 +264,7 @@ class Engine:
         finished = self.scheduler.process(batch, dict(zip(out.sampled, tokens, strict=True)))
         m.scheduler_s += time.perf_counter() - t0
         m.steps += 1
+        self.scheduler.observe(batch, time.perf_counter() - t_step)
         for req in finished:
             self._finish(req)
         done = set(finished)

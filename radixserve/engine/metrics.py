@@ -41,6 +41,7 @@ class EngineMetrics:
     forward_s: float = 0.0
     decode_s: float = 0.0
     decode_tokens: int = 0
+    prefill_budget_tokens: int = 0  # what the last step that prefilled was allowed
     cascade_groups: int = 0  # prefix groups the attention backend ran
     cascade_saved_tokens: int = 0  # per layer: K/V rows not re-read thanks to them
     finished_requests: int = 0
@@ -80,6 +81,7 @@ class EngineMetrics:
             "forward_s": self.forward_s,
             "decode_s": self.decode_s,
             "decode_tokens": self.decode_tokens,
+            "prefill_budget_tokens": self.prefill_budget_tokens,
             "cascade_groups": self.cascade_groups,
             "cascade_saved_tokens": self.cascade_saved_tokens,
             "finished_requests": self.finished_requests,

@@ -1,10 +1,14 @@
 """Continuous batching over the prefix cache: admission, chunked prefill, decode, preemption.
 
-Each ``schedule()`` returns the work of one forward pass: either an extend batch (unfinished
-prefills first, then waiting requests in policy order, within ``chunked_prefill_size`` new
-tokens) or a decode batch (one token for every running request). Only slot indices and token
-ids pass through here; tensors live in the model runner. A request's slots and its lock in
-the cache are the ``ReqCacheManager``'s to change.
+Each ``schedule()`` returns the work of one forward pass. Mixed (the default): one token for
+every running request, then prefill chunks (unfinished chunked prefills first, then waiting
+requests in policy order) within ``chunked_prefill_size`` tokens, decodes counted, so no
+running request stops generating while prompts prefill. Alternating
+(``mixed_batches=False``): a prefill pass when anything is to prefill, a decode pass
+otherwise. With ``itl_target_ms`` the prefill part is sized to the target by a cost model of
+the step (``step_budget``). Only slot indices and token ids pass through here; tensors live
+in the model runner. A request's slots and its lock in the cache are the
+``ReqCacheManager``'s to change.
 """
 
 from __future__ import annotations
@@ -22,11 +26,16 @@ from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.policy import order_waiting
 from radixserve.engine.req import Req, ReqState
 from radixserve.engine.req_cache import ReqCacheManager, slots_held
+from radixserve.engine.step_budget import ItlBudget, PrefillBudget, step_features
 
 # Hold a waiting request back a step when it shares at least this many not-yet-cached tokens
 # with one admitted in the same step.
 IN_BATCH_SHARE_MIN_TOKENS = 32
 LPM_WINDOW = 256
+# While other prompts wait, one request's chunk takes at most this share of a step's
+# prefill allowance, so one long prompt does not hold every short one behind it; what the
+# others leave unused goes back to it.
+MAX_PREFILL_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,7 @@ class Work:
     req: Req
     start: int
     end: int
+    decode: bool = False  # the next token of a request whose prompt is computed
 
     @property
     def reaches_end(self) -> bool:
@@ -51,9 +61,18 @@ class Work:
 @dataclass(frozen=True)
 class ScheduleBatch:
     work: list[Work]
-    decode: bool
     # (shared_len, positions in work): requests whose first shared_len slots are one tree path
     prefix_groups: list[tuple[int, list[int]]] = field(default_factory=list)
+    prefill_budget: int = 0  # the prefill tokens this step was allowed
+
+    @property
+    def decode(self) -> bool:
+        return all(w.decode for w in self.work)
+
+    def features(self):
+        """The step's shape, as the cost model reads it."""
+        ext = [(w.end - w.start, w.start) for w in self.work if not w.decode]
+        return step_features(ext, [w.end for w in self.work if w.decode])
 
 
 class Scheduler:
@@ -75,6 +94,11 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.rng = random.Random(config.seed)
+        self.itl: ItlBudget | None = None
+        if config.itl_target_ms is not None:
+            self.itl = ItlBudget(
+                config.itl_target_ms / 1000, self.page, config.chunked_prefill_size
+            )
 
     # ---- intake --------------------------------------------------------------------------
 
@@ -112,13 +136,32 @@ class Scheduler:
     # ---- scheduling ----------------------------------------------------------------------
 
     def schedule(self) -> ScheduleBatch | None:
-        extend = self._schedule_extend()
-        if extend:
-            return ScheduleBatch(extend, decode=False, prefix_groups=self._groups(extend))
-        decode = self._schedule_decode()
-        if not decode:
+        if self.config.mixed_batches:
+            decode = self._schedule_decode()
+            budget = self._budget(decode)
+            work = decode + self._schedule_extend(budget) if self._prefills_wait() else decode
+        else:
+            budget = self._budget([])
+            work = self._schedule_extend(budget) or self._schedule_decode()
+        if not work:
             return None
-        return ScheduleBatch(decode, decode=True, prefix_groups=self._groups(decode))
+        prefill = budget.initial if any(not w.decode for w in work) else 0
+        self.metrics.prefill_budget_tokens = prefill
+        return ScheduleBatch(work, self._groups(work), prefill)
+
+    def observe(self, batch: ScheduleBatch, seconds: float) -> None:
+        """A step's measured length (scheduling to results), for the ITL target's model."""
+        if self.itl is not None:
+            self.itl.observe(batch.features(), seconds)
+
+    def _prefills_wait(self) -> bool:
+        return bool(self.waiting) or any(r.computed_len < r.seq_len - 1 for r in self.running)
+
+    def _budget(self, decode: list[Work]) -> PrefillBudget:
+        tokens = self.config.chunked_prefill_size - len(decode)
+        if self.itl is None:
+            return PrefillBudget(tokens, self.page)
+        return self.itl.budget(tokens, [w.end for w in decode])
 
     def _groups(self, work: list[Work]) -> list[tuple[int, list[int]]]:
         """The tree paths the batch's requests share, among the groups the attention backend
@@ -143,18 +186,38 @@ class Scheduler:
         self.metrics.cascade_saved_tokens += sum((len(m) - 1) * n for n, m in groups)
         return groups
 
-    def _schedule_extend(self) -> list[Work]:
-        budget = self.config.chunked_prefill_size
+    def _schedule_extend(self, budget: PrefillBudget) -> list[Work]:
         work: list[Work] = []
-        for req in self.running:  # unfinished chunked prefills go first
-            if req.computed_len < req.seq_len - 1 and budget > 0:
-                item = self._take_chunk(req, budget)
-                if item is None:
-                    return work
-                work.append(item)
-                budget -= item.end - item.start
-        if budget <= 0 or not self.waiting:
-            return work
+        capped: list[int] = []  # positions in work of chunks cut to their share
+
+        def take(req: Req, others_wait: bool) -> bool:
+            """Schedule ``req``'s next chunk; False when memory ran out."""
+            limit = budget.allow(req.computed_len)
+            share = max(self.page, int(MAX_PREFILL_SHARE * budget.initial))
+            cut = others_wait and limit > share
+            end = self._chunk_end(req, share if cut else limit)
+            if end is None:
+                return True
+            item = self._reserve(req, end)
+            if item is None:
+                return False
+            budget.take(item.end - item.start, item.start)
+            if cut:
+                capped.append(len(work))
+            work.append(item)
+            return True
+
+        prefilling = [r for r in self.running if r.computed_len < r.seq_len - 1]
+        for i, req in enumerate(prefilling):  # unfinished chunked prefills go first
+            if budget.exhausted:
+                break
+            if not take(req, bool(self.waiting) or i + 1 < len(prefilling)):
+                return self._give_back(work, capped, budget)
+        if not budget.exhausted and self.waiting:
+            self._admit(budget, take)
+        return self._give_back(work, capped, budget)
+
+    def _admit(self, budget: PrefillBudget, take: Callable[[Req, bool], bool]) -> None:
         # Scoring looks every candidate up in the tree (read-only); with a long queue only
         # the oldest LPM_WINDOW are considered each step (aging puts them first anyway).
         candidates = self.waiting
@@ -174,8 +237,8 @@ class Scheduler:
         for req in self.running:
             if req.computed_len < req.seq_len - 1:
                 admitted.insert(req.seq(), np.zeros(req.seq_len, dtype=np.int64), req.namespace)
-        for req in ordered:
-            if budget <= 0 or len(self.running) >= self.config.max_running_requests:
+        for i, req in enumerate(ordered):
+            if budget.exhausted or len(self.running) >= self.config.max_running_requests:
                 break
             if self._shares_uncached_prefix(req, admitted):
                 continue
@@ -184,11 +247,21 @@ class Scheduler:
             self.waiting.remove(req)
             self.running.append(req)
             req.state = ReqState.RUNNING
-            item = self._take_chunk(req, budget)
-            if item is None:
+            if not take(req, i + 1 < len(ordered)):
                 break
-            work.append(item)
-            budget -= item.end - item.start
+
+    def _give_back(self, work: list[Work], capped: list[int], budget: PrefillBudget) -> list[Work]:
+        """Chunks cut to their share take what the others left of the allowance."""
+        for i in capped:
+            item = work[i]
+            extra = budget.allow(item.end)
+            end = self._chunk_end(item.req, item.end - item.start + extra, item.start)
+            if extra <= 0 or end is None or end <= item.end:
+                continue
+            if not self.req_cache.ensure_slots(item.req, end):
+                break
+            budget.take(end - item.end, item.end)
+            work[i] = Work(item.req, item.start, end)
         return work
 
     def _shares_uncached_prefix(self, req: Req, admitted: RadixCache) -> bool:
@@ -200,11 +273,20 @@ class Scheduler:
         whole = (req.seq_len - 1) // self.page * self.page
         return in_batch > cached and in_batch - cached >= min(IN_BATCH_SHARE_MIN_TOKENS, whole)
 
-    def _take_chunk(self, req: Req, budget: int) -> Work | None:
+    def _chunk_end(self, req: Req, limit: int, start: int | None = None) -> int | None:
+        """Where a chunk of at most ``limit`` tokens from ``start`` (the computed length)
+        ends: at the sequence's end, or a middle chunk on a page boundary; None when not
+        even a page fits."""
+        start = req.computed_len if start is None else start
+        end = min(req.seq_len, start + limit)
+        if end < req.seq_len:
+            end = end // self.page * self.page
+        return end if end > start else None
+
+    def _reserve(self, req: Req, end: int) -> Work | None:
+        """Slots for the chunk up to ``end``; None when memory ran out (a request that has
+        computed nothing yet goes back to waiting)."""
         start = req.computed_len
-        end = min(req.seq_len, start + budget)
-        if end < req.seq_len:  # a middle chunk ends on a page boundary
-            end = max(start + self.page, end // self.page * self.page)
         if not self.req_cache.ensure_slots(req, end):
             if start == req.cached_len:  # nothing computed yet: wait for memory
                 self._return_to_waiting(req)
@@ -227,7 +309,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                work.append(Work(req, req.seq_len - 1, req.seq_len))
+                work.append(Work(req, req.seq_len - 1, req.seq_len, decode=True))
                 scheduled.add(req)
         return work
 
@@ -255,7 +337,7 @@ class Scheduler:
         for item in batch.work:
             req = item.req
             req.computed_len = item.end
-            if not batch.decode:  # requests held back this step hit what was just computed
+            if not item.decode:  # requests held back this step hit what was just computed
                 self.req_cache.cache_computed(req, release=False)
             if item.samples:
                 req.output_ids.append(next_tokens[req])

@@ -38,6 +38,10 @@ class _EngineCollector:
                 "generated tokens per second since start",
                 s["generation_throughput"],
             ),
+            "radixserve_prefill_budget_tokens": (
+                "prefill tokens the last prefilling step was allowed (token budget or ITL target)",
+                s["prefill_budget_tokens"],
+            ),
             "radixserve_memory_dedup_ratio": (
                 "context tokens of running requests per distinct KV slot",
                 s["memory_dedup_ratio"],

@@ -1,0 +1,159 @@
+"""How much prefill one step may carry: a token budget, and with an inter-token-latency target,
+the tokens a cost model of the step predicts will fit in the target.
+
+A mixed step carries every running decode, so its length is every running request's
+inter-token latency. The model predicts a step's seconds as a linear function of its shape,
+refitted from the steps the engine really ran:
+
+    seconds ~ c0 + c1 * extend tokens + c2 * decode rows + c3 * decode KV tokens
+              + c4 * extend attention pairs
+
+(a decode row reads its whole context; an extend token at position p attends over p + 1
+keys, so a chunk of n tokens after a prefix of p costs ``n * p + n (n + 1) / 2`` pairs).
+Coefficients are kept non-negative: a step never gets cheaper by carrying more.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+
+import numpy as np
+
+# Fit on the most recent steps: those that prefilled (they teach the prefill costs) and,
+# kept apart so a long decode-only stretch does not push them out, those that did not.
+PREFILL_WINDOW = 256
+DECODE_WINDOW = 64
+MIN_PREFILL_SAMPLES = 6
+# Feature scales: the fit sees numbers near 1.
+_SCALE = np.array([1.0, 1e3, 1e2, 1e5, 1e6])
+
+
+def extend_pairs(n: int, prefix: int) -> int:
+    """Query-key pairs of a chunk of ``n`` tokens after ``prefix`` cached ones."""
+    return n * prefix + n * (n + 1) // 2
+
+
+def step_features(
+    extends: Iterable[tuple[int, int]], decode_contexts: Iterable[int]
+) -> np.ndarray:
+    """``extends``: (new tokens, prefix) per chunk; ``decode_contexts``: each decode row's
+    context length."""
+    ext = list(extends)
+    ctx = list(decode_contexts)
+    return np.array(
+        [1.0, sum(n for n, _ in ext), len(ctx), sum(ctx), sum(extend_pairs(n, p) for n, p in ext)]
+    )
+
+
+class StepCostModel:
+    def __init__(self) -> None:
+        self._prefill: deque[tuple[np.ndarray, float]] = deque(maxlen=PREFILL_WINDOW)
+        self._decode: deque[tuple[np.ndarray, float]] = deque(maxlen=DECODE_WINDOW)
+        self.coef: np.ndarray | None = None  # seconds per unit of each feature
+
+    @property
+    def fitted(self) -> bool:
+        return self.coef is not None
+
+    def observe(self, features: np.ndarray, seconds: float) -> None:
+        (self._prefill if features[1] else self._decode).append((features, seconds))
+        if len(self._prefill) >= MIN_PREFILL_SAMPLES:
+            self.coef = self._fit()
+
+    def predict(self, features: np.ndarray) -> float:
+        if self.coef is None:
+            raise RuntimeError("the step cost model has seen too few steps to predict")
+        return float(features @ self.coef)
+
+    def _fit(self) -> np.ndarray:
+        samples = list(self._prefill) + list(self._decode)
+        x = np.stack([f for f, _ in samples]) / _SCALE
+        y = np.array([s for _, s in samples])
+        # Least squares, dropping a feature whose weight comes out negative and refitting
+        # (with five features this is non-negative least squares in a few passes).
+        active = np.ones(x.shape[1], dtype=bool)
+        while True:
+            coef = np.zeros(x.shape[1])
+            coef[active] = np.linalg.lstsq(x[:, active], y, rcond=None)[0]
+            negative = active & (coef < 0)
+            if not negative.any():
+                return coef / _SCALE
+            active &= ~negative
+
+    def max_extend(self, prefix: int, seconds: float) -> int:
+        """The longest chunk after ``prefix`` cached tokens predicted to take ``seconds``."""
+        if seconds <= 0:
+            return 0
+        b = self.coef[1] + self.coef[4] * (prefix + 0.5)  # per token, plus n^2/2 per pair
+        e = self.coef[4] / 2
+        if e <= 0:
+            return math.inf if b <= 0 else int(seconds / b)
+        return int((-b + math.sqrt(b * b + 4 * e * seconds)) / (2 * e))
+
+
+class ItlBudget:
+    """Sizes each step's prefill to an inter-token-latency target. Until the model has seen
+    enough prefill steps it probes: the allowance doubles after a step within the target and
+    halves after one over it, so the first steps neither stall decodes nor crawl."""
+
+    def __init__(self, target_s: float, page: int, max_tokens: int) -> None:
+        self.target_s = target_s
+        self.page = page
+        self.max_tokens = max_tokens
+        self.model = StepCostModel()
+        self.probe = page
+
+    def budget(self, tokens: int, decode_contexts: list[int]) -> PrefillBudget:
+        if not self.model.fitted:
+            return PrefillBudget(min(tokens, self.probe), self.page)
+        decode = self.model.predict(step_features((), decode_contexts))
+        return PrefillBudget(tokens, self.page, self.model, self.target_s - decode)
+
+    def observe(self, features: np.ndarray, seconds: float) -> None:
+        self.model.observe(features, seconds)
+        if features[1]:
+            grow = seconds <= self.target_s
+            self.probe = min(self.max_tokens, self.probe * 2) if grow else self.probe // 2
+            self.probe = max(self.page, self.probe)
+
+
+class PrefillBudget:
+    """What is left of one step's prefill allowance while the scheduler fills it."""
+
+    def __init__(
+        self,
+        tokens: int,
+        page: int,
+        model: StepCostModel | None = None,
+        seconds: float = math.inf,
+    ) -> None:
+        """``tokens``: the token budget left after the decodes; ``seconds``: the time left
+        for prefill under the target (``model`` turns it into tokens)."""
+        self.page = page
+        self.tokens = max(tokens, page)  # the floor: a page of progress whenever prompts wait
+        self.model = model if seconds != math.inf else None
+        self.seconds = seconds
+        self.floor_left = True
+        self.initial = self.allow(0)
+
+    def allow(self, prefix: int) -> int:
+        """Tokens a chunk starting after ``prefix`` computed tokens may take."""
+        n = self.tokens
+        if self.model is not None:
+            n = min(n, self.model.max_extend(prefix, self.seconds))
+        if self.floor_left:
+            n = max(n, self.page)
+        return max(n, 0)
+
+    def take(self, n: int, prefix: int) -> None:
+        self.tokens -= n
+        if self.model is not None:
+            c = self.model.coef
+            self.seconds -= c[1] * n + c[4] * extend_pairs(n, prefix)
+        self.floor_left = False
+
+    @property
+    def exhausted(self) -> bool:
+        return self.allow(0) <= 0
