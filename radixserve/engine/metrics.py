@@ -42,6 +42,7 @@ class EngineMetrics:
     decode_s: float = 0.0
     decode_tokens: int = 0
     prefill_budget_tokens: int = 0  # what the last step that prefilled was allowed
+    mixed_steps: int = 0  # steps that carried decodes and prefill chunks together
     cascade_groups: int = 0  # prefix groups the attention backend ran
     cascade_saved_tokens: int = 0  # per layer: K/V rows not re-read thanks to them
     finished_requests: int = 0
@@ -82,6 +83,7 @@ class EngineMetrics:
             "decode_s": self.decode_s,
             "decode_tokens": self.decode_tokens,
             "prefill_budget_tokens": self.prefill_budget_tokens,
+            "mixed_steps": self.mixed_steps,
             "cascade_groups": self.cascade_groups,
             "cascade_saved_tokens": self.cascade_saved_tokens,
             "finished_requests": self.finished_requests,

@@ -145,8 +145,11 @@ class Scheduler:
             work = self._schedule_extend(budget) or self._schedule_decode()
         if not work:
             return None
-        prefill = budget.initial if any(not w.decode for w in work) else 0
-        self.metrics.prefill_budget_tokens = prefill
+        decodes = sum(w.decode for w in work)
+        prefill = budget.initial if decodes < len(work) else 0
+        if prefill:
+            self.metrics.prefill_budget_tokens = prefill
+            self.metrics.mixed_steps += decodes > 0
         return ScheduleBatch(work, self._groups(work), prefill)
 
     def observe(self, batch: ScheduleBatch, seconds: float) -> None:

@@ -35,9 +35,7 @@ def extend_pairs(n: int, prefix: int) -> int:
     return n * prefix + n * (n + 1) // 2
 
 
-def step_features(
-    extends: Iterable[tuple[int, int]], decode_contexts: Iterable[int]
-) -> np.ndarray:
+def step_features(extends: Iterable[tuple[int, int]], decode_contexts: Iterable[int]) -> np.ndarray:
     """``extends``: (new tokens, prefix) per chunk; ``decode_contexts``: each decode row's
     context length."""
     ext = list(extends)

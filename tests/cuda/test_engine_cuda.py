@@ -10,7 +10,7 @@ import torch
 from radixserve import Engine, SamplingParams
 from radixserve.model import export_preset
 
-from ..e2e.test_engine import workload
+from ..e2e.engine_runs import workload
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

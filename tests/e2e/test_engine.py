@@ -3,65 +3,16 @@ or off, under every policy, under memory pressure, chunked, at any page size, an
 transformers; nothing leaks; bad input fails alone."""
 
 import asyncio
-import contextlib
 import itertools
-from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
 from radixserve import Engine, SamplingParams
-from radixserve.attention import native_backend
 from radixserve.csrc import native_available
 from radixserve.model import export_preset
-
-GREEDY = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
-
-
-def workload() -> list[list[int]]:
-    """Prompts that share prefixes: one system prompt, several users, two turns of one."""
-    rng = np.random.default_rng(0)
-    system = rng.integers(3, 1000, 40).tolist()
-    users = [rng.integers(3, 1000, n).tolist() for n in (5, 9, 17, 3, 26)]
-    prompts = [system + u for u in users]
-    prompts.append(prompts[0] + rng.integers(3, 1000, 7).tolist())
-    prompts.append(rng.integers(3, 1000, 33).tolist())  # shares nothing
-    return prompts
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """transformers' greedy continuation of each prompt, on the exported tiny preset."""
-    from transformers import AutoModelForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny")
-    export_preset("tiny", path)
-    hf = AutoModelForCausalLM.from_pretrained(path).float().eval()
-    out = []
-    with torch.no_grad():
-        for ids in workload():
-            gen = hf.generate(
-                torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False
-            )
-            out.append(gen[0, len(ids) :].tolist())
-    return out
-
-
-def run(cascade_min_queries: int | None = None, **options) -> tuple[list[list[int]], dict]:
-    with contextlib.ExitStack() as stack:
-        if cascade_min_queries is not None:  # the tiny batch is below the default
-            stack.enter_context(
-                mock.patch.object(native_backend, "CASCADE_MIN_QUERIES", cascade_min_queries)
-            )
-        engine = stack.enter_context(Engine("tiny", check_invariants=True, **options))
-        outs = engine.generate(input_ids=workload(), sampling_params=GREEDY)
-        stats = engine.cache_stats()
-        engine.check_invariants()
-        assert stats["kv_used"] == stats["cached_tokens"]  # nothing held outside the tree
-        assert engine.flush_cache()
-        assert engine.allocator.num_free == engine.allocator.capacity
-    return [o["token_ids"] for o in outs], stats
+from tests.e2e.engine_runs import GREEDY, run, workload
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
