@@ -123,3 +123,32 @@ def plot_kernel_bench(rows: Sequence[dict], path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_serve_frontier(rows: Sequence[dict], path: str | Path) -> None:
+    """ITL p99 against TTFT p99, one labelled point per configuration: the trade a step's
+    prefill budget makes between running and waiting requests."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for r in rows:
+        ax.scatter(r["ttft_p99_ms"], r["itl_p99_ms"], s=30)
+        ax.annotate(
+            r["config"],
+            (r["ttft_p99_ms"], r["itl_p99_ms"]),
+            fontsize=8,
+            xytext=(4, 4),
+            textcoords="offset points",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("TTFT p99 (ms)")
+    ax.set_ylabel("inter-token latency p99 (ms)")
+    ax.set_title("bench serve: latency of running against waiting requests")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,186 @@
+"""The load ``bench serve`` puts on an OpenAI-compatible server: streamed chat completions
+from users who share a few long system prompts, Poisson arrivals, at most ``concurrency``
+streams open; and what each stream saw (TTFT, the gaps between chunks, usage)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from radixserve.model.tokenizer import _corpus
+
+
+@dataclass(frozen=True)
+class ChatLoad:
+    requests: int = 40
+    concurrency: int = 64
+    request_rate: float = 1.2  # requests per second (Poisson); inf sends all at once
+    max_tokens: int = 48
+    system_prompts: int = 4
+    system_sentences: int = 24
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.requests < 1 or self.concurrency < 1 or self.max_tokens < 1:
+            raise ValueError("requests, concurrency and max_tokens must be positive")
+        if not self.request_rate > 0:
+            raise ValueError("request_rate must be positive (inf sends all at once)")
+
+    def chats(self) -> list[list[dict]]:
+        """Each request: one of a few long system prompts, then a user's own question."""
+        systems = [
+            "You are a support assistant. Follow these notes:\n"
+            + "\n".join(_corpus(seed=100 + k, lines=self.system_sentences))
+            for k in range(self.system_prompts)
+        ]
+        rng = random.Random(self.seed)
+        questions = _corpus(seed=self.seed + 7, lines=self.requests)
+        return [
+            [
+                {"role": "system", "content": rng.choice(systems)},
+                {"role": "user", "content": f"User {i}: {questions[i]}"},
+            ]
+            for i in range(self.requests)
+        ]
+
+
+@dataclass
+class RequestRecord:
+    ok: bool = False
+    error: str = ""
+    ttft_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)
+    e2e_s: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+async def _stream_chat(
+    client: httpx.AsyncClient, body: dict, messages: list[dict]
+) -> RequestRecord:
+    rec = RequestRecord()
+    start = last = time.perf_counter()
+    try:
+        async with client.stream(
+            "POST", "/v1/chat/completions", json={**body, "messages": messages}
+        ) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                rec.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                return rec
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    rec.error = event["error"]["message"]
+                    return rec
+                if event.get("usage"):
+                    u = event["usage"]
+                    rec.prompt_tokens = u["prompt_tokens"]
+                    rec.completion_tokens = u["completion_tokens"]
+                    details = u.get("prompt_tokens_details") or {}  # vLLM: only if enabled
+                    rec.cached_tokens = details.get("cached_tokens") or 0
+                # Each chunk is one scheduler step's tokens; its text may be empty (a special
+                # token, a held-back stop prefix), so arrival is timed by chunk, not by text.
+                if event.get("choices"):
+                    now = time.perf_counter()
+                    if rec.ttft_s == 0.0:
+                        rec.ttft_s = now - start
+                    else:
+                        rec.itl_s.append(now - last)
+                    last = now
+    except httpx.HTTPError as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"
+        return rec
+    rec.e2e_s = time.perf_counter() - start
+    rec.ok = rec.completion_tokens > 0
+    if not rec.ok:
+        rec.error = "stream ended without usage"
+    return rec
+
+
+async def drive(
+    url: str,
+    load: ChatLoad,
+    model: str | None = None,
+    on_done: Callable[[], None] = lambda: None,
+) -> tuple[list[RequestRecord], float]:
+    """Send every chat at the load's rate and concurrency; returns records and seconds."""
+    gate = asyncio.Semaphore(load.concurrency)
+    rng = np.random.default_rng(load.seed)
+    limits = httpx.Limits(max_connections=load.concurrency, max_keepalive_connections=0)
+    body = {
+        "max_tokens": load.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,  # fixed output lengths make configurations comparable
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if model is not None:
+        body["model"] = model
+
+    async with httpx.AsyncClient(base_url=url, timeout=600.0, limits=limits) as client:
+
+        async def one(messages: list[dict]) -> RequestRecord:
+            async with gate:
+                rec = await _stream_chat(client, body, messages)
+            on_done()
+            return rec
+
+        start = time.perf_counter()
+        tasks = []
+        for messages in load.chats():
+            tasks.append(asyncio.create_task(one(messages)))
+            if load.request_rate != float("inf"):
+                await asyncio.sleep(rng.exponential(1.0 / load.request_rate))
+        records = await asyncio.gather(*tasks)
+        return records, time.perf_counter() - start
+
+
+def summarize(records: list[RequestRecord], seconds: float) -> dict:
+    done = [r for r in records if r.ok]
+    nan = [float("nan")]
+    ttft = [r.ttft_s for r in done] or nan
+    itl = [x for r in done for x in r.itl_s] or nan
+    prompt = sum(r.prompt_tokens for r in done)
+    return {
+        "requests": len(records),
+        "errors": len(records) - len(done),
+        "seconds": seconds,
+        "req_s": len(done) / seconds,
+        "out_tok_s": sum(r.completion_tokens for r in done) / seconds,
+        "ttft_p50_ms": 1000 * float(np.percentile(ttft, 50)),
+        "ttft_p99_ms": 1000 * float(np.percentile(ttft, 99)),
+        "itl_p50_ms": 1000 * float(np.percentile(itl, 50)),
+        "itl_p99_ms": 1000 * float(np.percentile(itl, 99)),
+        "e2e_p50_s": float(np.percentile([r.e2e_s for r in done] or nan, 50)),
+        "hit_rate": sum(r.cached_tokens for r in done) / prompt if prompt else 0.0,
+        "first_error": next((r.error for r in records if not r.ok), ""),
+    }
+
+
+def chat_prompt_ids(model: str, chats: list[list[dict]]) -> list[list[int]]:
+    """The token ids the server's chat template makes of each chat (for the optimal hit
+    rate), with the model's own tokenizer: a preset's, or a HF directory's."""
+    from radixserve.model.presets import PRESETS, build_tokenizer
+
+    if model in PRESETS:
+        tokenizer = build_tokenizer(PRESETS[model].tokenizer_vocab)
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    out = []
+    for messages in chats:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return out
