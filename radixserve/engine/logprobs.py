@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from radixserve.engine.model_runner import ForwardOutput
-from radixserve.engine.scheduler import ScheduleBatch
+from radixserve.engine.schedule_batch import ScheduleBatch
 
 
 def record_logprobs(batch: ScheduleBatch, out: ForwardOutput, tokens: list[int]) -> None:

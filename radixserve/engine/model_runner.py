@@ -19,7 +19,7 @@ from radixserve.attention import (
 )
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.req import Req
-from radixserve.engine.scheduler import ScheduleBatch
+from radixserve.engine.schedule_batch import ScheduleBatch
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model import load_model
 

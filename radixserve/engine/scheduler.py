@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,7 +25,8 @@ from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.policy import order_waiting
 from radixserve.engine.req import Req, ReqState
 from radixserve.engine.req_cache import ReqCacheManager, slots_held
-from radixserve.engine.step_budget import ItlBudget, PrefillBudget, step_features
+from radixserve.engine.schedule_batch import ScheduleBatch, Work
+from radixserve.engine.step_budget import ItlBudget, PrefillBudget
 
 # Hold a waiting request back a step when it shares at least this many not-yet-cached tokens
 # with one admitted in the same step.
@@ -36,43 +36,6 @@ LPM_WINDOW = 256
 # prefill allowance, so one long prompt does not hold every short one behind it; what the
 # others leave unused goes back to it.
 MAX_PREFILL_SHARE = 0.5
-
-
-@dataclass(frozen=True)
-class Work:
-    """One request's part of a forward: compute positions [start, end) of its sequence."""
-
-    req: Req
-    start: int
-    end: int
-    decode: bool = False  # the next token of a request whose prompt is computed
-
-    @property
-    def reaches_end(self) -> bool:
-        return self.end == self.req.seq_len
-
-    @property
-    def samples(self) -> bool:
-        """Whether this pass's logits give a token: it reaches the end of the sequence of a
-        request that wants tokens (``max_new_tokens=0`` only fills the cache)."""
-        return self.reaches_end and self.req.params.max_new_tokens > 0
-
-
-@dataclass(frozen=True)
-class ScheduleBatch:
-    work: list[Work]
-    # (shared_len, positions in work): requests whose first shared_len slots are one tree path
-    prefix_groups: list[tuple[int, list[int]]] = field(default_factory=list)
-    prefill_budget: int = 0  # the prefill tokens this step was allowed
-
-    @property
-    def decode(self) -> bool:
-        return all(w.decode for w in self.work)
-
-    def features(self):
-        """The step's shape, as the cost model reads it."""
-        ext = [(w.end - w.start, w.start) for w in self.work if not w.decode]
-        return step_features(ext, [w.end for w in self.work if w.decode])
 
 
 class Scheduler:
@@ -150,7 +113,7 @@ class Scheduler:
         if prefill:
             self.metrics.prefill_budget_tokens = prefill
             self.metrics.mixed_steps += decodes > 0
-        return ScheduleBatch(work, self._groups(work), prefill)
+        return ScheduleBatch(work, self._groups(work))
 
     def observe(self, batch: ScheduleBatch, seconds: float) -> None:
         """A step's measured length (scheduling to results), for the ITL target's model."""

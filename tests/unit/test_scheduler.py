@@ -21,7 +21,8 @@ from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.req import Req, ReqState
 from radixserve.engine.req_cache import ReqCacheManager
 from radixserve.engine.sampling_params import SamplingParams
-from radixserve.engine.scheduler import ScheduleBatch, Scheduler
+from radixserve.engine.schedule_batch import ScheduleBatch
+from radixserve.engine.scheduler import Scheduler
 from radixserve.memory import KVSlotAllocator
 
 CACHES = {"radix": RadixCache, "block-hash": BlockHashCache, "off": NoPrefixCache}
