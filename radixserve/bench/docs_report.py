@@ -18,6 +18,7 @@ from radixserve.bench.report import machine, markdown_table
 
 TABLE_MARK = "<!-- table -->"
 SERVING = "radixserve.bench.serving_bench"
+SERVE = "radixserve.bench.serve_bench"
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,27 @@ SECTIONS = (
     ),
     Section(
         "serve",
-        "The HTTP server under load — `radixserve bench serve`",
-        "radixserve bench serve --json docs/bench_serve.json",
-        "radixserve.bench.serve_bench",
+        "The HTTP server under load, mixed steps against alternating — `radixserve bench serve`",
+        "radixserve bench serve --configs mixed alternating --url http://127.0.0.1:PORT "
+        "--url-label vllm --url-model PEER_DIR --rounds 3 --json docs/bench_serve.json",
+        SERVE,
+    ),
+    Section(
+        "serve_frontier",
+        "The prefill budget's trade, ITL against TTFT — `radixserve bench serve`",
+        "radixserve bench serve --configs mixed alternating chunk=1024 chunk=512 chunk=256 "
+        "chunk=128 itl=200 itl=100 itl=75 --url http://127.0.0.1:PORT --url-label vllm "
+        "--url-model PEER_DIR --rounds 2 --json docs/bench_serve_frontier.json "
+        "--plot docs/bench_serve_frontier.png",
+        SERVE,
+        "bench_serve_frontier.png",
+    ),
+    Section(
+        "serve_burst",
+        "A burst: every request at once — `radixserve bench serve`",
+        "radixserve bench serve --requests 128 --request-rate inf --max-tokens 16 "
+        "--configs mixed alternating mixed+off alternating+off --json docs/bench_serve_burst.json",
+        SERVE,
     ),
     Section(
         "lang",

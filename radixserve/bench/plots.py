@@ -126,22 +126,22 @@ def plot_kernel_bench(rows: Sequence[dict], path: str | Path) -> None:
 
 
 def plot_serve_frontier(rows: Sequence[dict], path: str | Path) -> None:
-    """ITL p99 against TTFT p99, one labelled point per configuration: the trade a step's
-    prefill budget makes between running and waiting requests."""
+    """ITL p99 against TTFT p99, one point per configuration: the trade a step's prefill
+    budget makes between running and waiting requests."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for r in rows:
-        ax.scatter(r["ttft_p99_ms"], r["itl_p99_ms"], s=30)
-        ax.annotate(
-            r["config"],
-            (r["ttft_p99_ms"], r["itl_p99_ms"]),
-            fontsize=8,
-            xytext=(4, 4),
-            textcoords="offset points",
+    fig, ax = plt.subplots(figsize=(8, 5))
+    markers = "osD^v<>phX*"
+    for i, r in enumerate(rows):
+        ax.scatter(
+            r["ttft_p99_ms"],
+            r["itl_p99_ms"],
+            s=50,
+            marker=markers[i % len(markers)],
+            label=r["config"],
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -149,6 +149,7 @@ def plot_serve_frontier(rows: Sequence[dict], path: str | Path) -> None:
     ax.set_ylabel("inter-token latency p99 (ms)")
     ax.set_title("bench serve: latency of running against waiting requests")
     ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -89,14 +89,27 @@ class ServeBenchConfig:
         return [*self.configs, *(e.label for e in self.external)]
 
 
+# Where servers empty their prefix cache: ours and SGLang's, vLLM's (with
+# VLLM_SERVER_DEV_MODE=1).
+FLUSH_ROUTES = ("/flush_cache", "/reset_prefix_cache")
+
+
+def warm_and_flush(url: str, model: str | None) -> bool:
+    """One short request (first-call costs, compilation, stay out of the figures), then an
+    empty prefix cache, so every round starts cold; False when no flush route answered."""
+    warm = {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2}
+    if model is not None:
+        warm["model"] = model
+    httpx.post(url + "/v1/chat/completions", json=warm, timeout=300.0).raise_for_status()
+    return any(httpx.post(url + r, timeout=60.0).status_code == 200 for r in FLUSH_ROUTES)
+
+
 def run_local(cfg: ServeBenchConfig, label: str, on_done: Callable[[], None]) -> dict:
     """One server process: warm it, drive the load, audit invariants, stop it with SIGTERM."""
     args = ["--model", cfg.model, "--page-size", str(cfg.page_size)]
     args += ["--max-running-requests", str(cfg.load.concurrency), "--seed", str(cfg.load.seed)]
     with ServerProcess(args + server_flags(label)) as server:
-        warm = {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2}
-        httpx.post(server.url + "/v1/chat/completions", json=warm, timeout=120.0)
-        httpx.post(server.url + "/flush_cache", timeout=60.0)  # first-call costs stay out
+        warm_and_flush(server.url, None)
         records, seconds = asyncio.run(drive(server.url, cfg.load, None, on_done))
         audit = httpx.get(server.url + "/check_invariants", timeout=120.0).json()
         t0 = time.perf_counter()
@@ -109,8 +122,9 @@ def run_local(cfg: ServeBenchConfig, label: str, on_done: Callable[[], None]) ->
 
 
 def run_external(cfg: ServeBenchConfig, ext: External, on_done: Callable[[], None]) -> dict:
+    flushed = warm_and_flush(ext.url, ext.model)
     records, seconds = asyncio.run(drive(ext.url, cfg.load, ext.model, on_done))
-    return summarize(records, seconds)
+    return {**summarize(records, seconds), "flushed": "yes" if flushed else "no"}
 
 
 def run_serve_bench(cfg: ServeBenchConfig, on_done: Callable[[], None]) -> dict:
@@ -168,6 +182,7 @@ TABLES = (
             Column("errors", "errors", wide=True),
             Column("invariants", "invariants", wide=True),
             Column("shutdown", "SIGTERM", wide=True),
+            Column("flushed", "cold start", wide=True),
         ),
     ),
     TableSpec(
