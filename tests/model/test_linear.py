@@ -35,7 +35,30 @@ def test_bfloat16_rows_match_torch_within_rounding(rows):
     torch.testing.assert_close(out.double(), exact, rtol=1e-2, atol=2e-2)
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+# The kernel's tiles differ with AVX-512 (16-float vectors) and without (8-float): on a CPU
+# with AVX-512 the narrower build is checked too, built for x86-64-v3 (AVX2).
+TARGETS = [
+    "native",
+    pytest.param(
+        "x86-64-v3",
+        marks=pytest.mark.skipif(
+            "avx512f" not in _cpu_flags() or "avx2" not in _cpu_flags(),
+            reason="this CPU's own build is the AVX2 one (or it cannot run one)",
+        ),
+    ),
+]
+
+
 @needs_native
+@pytest.mark.parametrize("march", TARGETS)
 @settings(max_examples=60, deadline=None)
 @given(
     rows=st.integers(1, NATIVE_ROWS + 3),
@@ -44,13 +67,15 @@ def test_bfloat16_rows_match_torch_within_rounding(rows):
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     seed=st.integers(0, 2**16),
 )
-def test_native_kernel_equals_torch(rows, n_in, n_out, dtype, seed):
+def test_native_kernel_equals_torch(march, rows, n_in, n_out, dtype, seed):
     """Every remainder: rows not a multiple of the tile, widths not of the vector, outputs
     not of the block."""
+    kernels = load_native(march)
+    assert kernels is not None, f"the native kernels did not build for {march}"
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, n_in, generator=g)
     w = torch.randn(n_out, n_in, generator=g).to(dtype)
-    got = load_native().linear_rows(x, w)
+    got = kernels.linear_rows(x, w)
     assert got.dtype == torch.float32 and got.shape == (rows, n_out)
     torch.testing.assert_close(got, F.linear(x, w.float()), rtol=1e-5, atol=1e-4)
 
