@@ -64,17 +64,23 @@ async def completions(
         logprob_start_len=0 if body.echo and logprobs else -1,
     )
     source = body.prompts()
-    echo = None  # each prompt's text, which its choices open with
-    if body.echo:
-        echo = source.get("prompt") or [engine.tokenizer.decode(i) for i in source["input_ids"]]
+
+    def echoed() -> list[str] | None:
+        """Each prompt's text, which its choices open with; decoded once the engine has
+        accepted the ids (out-of-vocabulary ones are its 400 to give)."""
+        if not body.echo:
+            return None
+        return source.get("prompt") or [engine.tokenizer.decode(i) for i in source["input_ids"]]
+
     ns = namespace(tenant_ns, body.cache_salt)
     head = _head(request, "text_completion", "cmpl")
     if body.stream:
         chunks = engine.generate_stream(sampling_params=params, namespace=ns, **source)
         include = bool(body.stream_options and body.stream_options.include_usage)
         on_finish = request.app.state.on_finish
-        return sse(openai_events(chunks, head, body.n, include, on_finish, False, echo))
+        return sse(openai_events(chunks, head, body.n, include, on_finish, False, echoed()))
     outs = await _run(request, source, params, ns)
+    echo = echoed()
     top = body.logprobs if logprobs else None
     choices = [
         completion_choice(i, o, engine.tokenizer, top, None if echo is None else echo[i // body.n])

@@ -358,6 +358,14 @@ def test_echo_returns_the_prompt_before_the_completion(server):
     assert logprobs[0] is None and all(lp <= 0 for lp in logprobs[1:])
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_of_ids_outside_the_vocabulary_is_a_400(server, stream):
+    url, _ = server
+    body = {"prompt": [[7, 8], [9, 4588392701]], "max_tokens": 2, "echo": True, "stream": stream}
+    r = httpx.post(url + "/v1/completions", json=body)
+    assert r.status_code == 400 and "token ids" in r.json()["error"]["message"]
+
+
 def test_chat_fields_that_would_change_the_answer_are_refused(server):
     url, _ = server
     messages = [{"role": "user", "content": "hi"}]
