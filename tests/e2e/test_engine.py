@@ -236,6 +236,17 @@ def test_unknown_policy():
         Engine("tiny", schedule_policy="sjf")
 
 
+def test_a_model_that_fails_to_load_raises_and_leaves_no_thread():
+    import threading
+
+    before = set(threading.enumerate())
+    with pytest.raises(FileNotFoundError, match="no config"):
+        Engine("no-such-model")  # built on the scheduler thread, raised here
+    for thread in set(threading.enumerate()) - before:
+        thread.join(5)
+        assert not thread.is_alive(), thread.name
+
+
 def test_abort_frees_the_request(engine):
     async def go():
         params = SamplingParams(max_new_tokens=2000, temperature=0, ignore_eos=True)
