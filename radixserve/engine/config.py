@@ -36,6 +36,9 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
+    # keep freed host memory for reuse (glibc's mmap/trim thresholds, process-wide): CPU
+    # forward passes stop faulting in fresh pages for every temporary
+    tune_malloc: bool = True
     check_invariants: bool = False  # audit the tree after every step (slow; for tests)
 
     def __post_init__(self) -> None:
