@@ -82,10 +82,10 @@ class _Builder:
                 self.rows.append(block)
                 self.num_rows += len(block)
 
-    def build(self, num_tokens: int) -> AttentionPlan:
-        q_index = np.concatenate(self.rows)
+    def build(self, num_tokens: int, every_token: bool) -> AttentionPlan:
+        q_index = np.concatenate(self.rows) if self.rows else np.zeros(0, dtype=np.int64)
         counts = np.bincount(q_index, minlength=num_tokens)
-        if (counts == 0).any():
+        if every_token and (counts == 0).any():
             raise AssertionError("every token needs at least one row")
         indptr = np.zeros(num_tokens + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
@@ -104,10 +104,14 @@ def plan_attention(
     groups: Sequence[PrefixGroup] = (),
     query_block: int = QUERY_BLOCK,
     key_chunk: int = KEY_CHUNK,
+    keys_from: np.ndarray | None = None,
 ) -> AttentionPlan:
     """Plan a batch laid out as ``ForwardBatch`` lays it out (tokens and contexts request
     after request). ``groups`` need ``kv_slots`` (the batch's concatenated contexts) to be
-    checked: members must really share their first ``shared_len`` slots, all cached."""
+    checked: members must really share their first ``shared_len`` slots, all cached.
+    ``keys_from[i]``: request i's first context key this plan covers (the keys before it,
+    and all of them at ``seq_lens[i]``, are attended elsewhere); its tokens may then have no
+    rows, and leave an empty softmax state."""
     seq = np.asarray(seq_lens, dtype=np.int64)
     ext = np.asarray(extend_lens, dtype=np.int64)
     kv_start = np.cumsum(seq) - seq
@@ -116,20 +120,21 @@ def plan_attention(
     shared = np.zeros(len(seq), dtype=np.int64)
     b = _Builder(query_block, key_chunk)
     for group in groups:
-        _check_group(group, prefix, kv_start, kv_slots, shared)
+        check_group(group, prefix, kv_start, kv_slots, shared)
         m = np.asarray(group.members)
         tokens = np.concatenate([np.arange(q_start[i], q_start[i] + ext[i]) for i in m])
         b.add(tokens, int(kv_start[m[0]]), group.shared_len, _ALL, SHARED_MIN_CHUNKS)
         shared[m] = group.shared_len
+    start = shared if keys_from is None else np.maximum(shared, keys_from)
     for i in range(len(seq)):
-        s = int(shared[i])
+        s = int(start[i])
         tokens = np.arange(q_start[i], q_start[i] + ext[i])
         # Token j of the request sits at position prefix + j and sees keys 0 .. prefix + j.
         b.add(tokens, int(kv_start[i]) + s, int(seq[i]) - s, int(prefix[i]) - s + 1)
-    return b.build(int(ext.sum()))
+    return b.build(int(ext.sum()), every_token=keys_from is None)
 
 
-def _check_group(
+def check_group(
     group: PrefixGroup,
     prefix: np.ndarray,
     kv_start: np.ndarray,

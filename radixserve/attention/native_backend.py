@@ -9,28 +9,33 @@ suffix by log-sum-exp. CPU only; float32 or bfloat16 K/V.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from dataclasses import dataclass
 
+import torch
+
+from radixserve.attention import dense_blocks
 from radixserve.attention.attention_plan import AttentionPlan, plan_attention
 from radixserve.attention.base import AttentionBackend
+from radixserve.attention.dense_blocks import (
+    DenseSplit,
+    Part,
+    merge,
+    run_self,
+    run_shared,
+    split_dense,
+)
 from radixserve.attention.forward_batch import ForwardBatch
 from radixserve.cache.shared_paths import PrefixGroupRule
 from radixserve.csrc import load_native
 from radixserve.memory.kv_pool import KVPool
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
-# A lone prefill from position 0 attends only over its own new K/V, already in hand: from
-# this length torch's flash kernel does that faster than streaming it back from the pool.
-SELF_ATTENTION_MIN_LEN = 1024
-# A prefix group pays on CPU only through lane use (its shared slots sit in cache for the
-# plain kernel too): below ~4 vectors of 8 queries per KV head the merge and the extra
-# items cost what the shared block saves (measured: 8 requests x 3 heads lose 10-25%).
-CASCADE_MIN_QUERIES = 32
-# For the same reason a member that already fills a vector on its own gains nothing: the
-# group only adds the merge (tree-of-thought's 36 x 40-token extend over 240 shared tokens
-# took 1.37x as long grouped). So groups are for decode-like members, one vector at most.
-CASCADE_MAX_MEMBER_QUERIES = 8
+
+
+@dataclass(frozen=True)
+class NativeMetadata:
+    plan: AttentionPlan | None  # what the native kernel runs; None: nothing
+    dense: DenseSplit
 
 
 class NativeAttentionBackend(AttentionBackend):
@@ -52,53 +57,60 @@ class NativeAttentionBackend(AttentionBackend):
     def prefix_group_rule(self, min_shared: int) -> PrefixGroupRule:
         # queries per KV head = new tokens x query heads per KV head
         heads = self.num_heads // self.num_kv_heads
-        return PrefixGroupRule(
-            min_shared,
-            min_group_tokens=-(-CASCADE_MIN_QUERIES // heads),
-            max_member_tokens=CASCADE_MAX_MEMBER_QUERIES // heads,
-        )
+        return PrefixGroupRule(min_shared, -(-dense_blocks.CASCADE_MIN_QUERIES // heads))
 
     def prepare(self, batch: ForwardBatch) -> None:
-        if (
-            batch.batch_size == 1
-            and batch.prefix_lens[0] == 0
-            and batch.extend_lens[0] >= SELF_ATTENTION_MIN_LEN
-        ):
-            batch.attn_metadata = None  # causal self-attention over the new tokens
-            return
-        groups = batch.prefix_groups
-        slots = batch.kv_slots.numpy() if groups else None
-        batch.attn_metadata = plan_attention(batch.seq_lens, batch.extend_lens, slots, groups)
+        slots = batch.kv_slots.numpy()
+        dense = split_dense(
+            batch.seq_lens,
+            batch.extend_lens,
+            slots,
+            batch.prefix_groups,
+            self.num_heads // self.num_kv_heads,
+            self.kv_pool.k[0].dtype,
+        )
+        plan = plan_attention(
+            batch.seq_lens,
+            batch.extend_lens,
+            slots,
+            dense.native_groups,
+            keys_from=dense.keys_from,
+        )
+        batch.attn_metadata = NativeMetadata(plan if len(plan.items) else None, dense)
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         self.kv_pool.write(layer, batch.out_slots, k, v)
-        if batch.attn_metadata is None:
-            # [tokens, heads, head_dim] -> [1, heads, tokens, head_dim] and back
-            out = F.scaled_dot_product_attention(
-                *(t.transpose(0, 1)[None] for t in (q, k, v)),
-                is_causal=True,
-                scale=self.scale,
-                enable_gqa=True,
-            )
-            return out[0].transpose(0, 1)
-        out, _ = self.attend(layer, q, batch.kv_slots, batch.attn_metadata)
+        out, _ = self.attend(layer, q, k, v, batch.kv_slots, batch.attn_metadata)
         return out.to(q.dtype)
 
     def attend(
-        self, layer: int, q: torch.Tensor, kv_slots: torch.Tensor, plan: AttentionPlan
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_slots: torch.Tensor,
+        meta: NativeMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out [tokens, heads, head_dim], lse [tokens, heads])`` in float32; ``lse`` is the
-        natural log of each row's softmax denominator over scaled scores."""
-        return self.kernels.paged_attention(
-            q,
-            self.kv_pool.k[layer],
-            self.kv_pool.v[layer],
-            kv_slots,
-            plan.items,
-            plan.q_index,
-            plan.merge_indptr,
-            plan.merge_rows,
-            self.scale,
-        )
+        natural log of each row's softmax denominator over scaled scores. ``k``, ``v``: the
+        new tokens' K/V (also in the pool by now)."""
+        k_pool, v_pool = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        parts = [run_shared(b, q, k_pool, v_pool, self.scale) for b in meta.dense.shared]
+        parts += [run_self(b, q, k, v, self.scale) for b in meta.dense.selfs]
+        if (plan := meta.plan) is not None:
+            out, lse = self.kernels.paged_attention(
+                q,
+                k_pool,
+                v_pool,
+                kv_slots,
+                plan.items,
+                plan.q_index,
+                plan.merge_indptr,
+                plan.merge_rows,
+                self.scale,
+            )
+            parts.append(Part(torch.arange(len(q)), out, lse))
+        return merge(parts, len(q))

@@ -211,6 +211,12 @@ def rag(t: _Tokens, s: float, out: int) -> Workload:
     return Workload("rag", "2 of 6 shared documents in varying combinations + a question", reqs)
 
 
+def long_prefix(t: _Tokens, s: float, out: int) -> Workload:
+    prefix = t(1024)
+    reqs = [Request(t.cat(prefix, t(64)), out) for _ in range(int(32 * s))]
+    return Workload("long-prefix", "one 1,024-token prefix, 32 requests at once", reqs)
+
+
 def no_sharing(t: _Tokens, s: float, out: int) -> Workload:
     reqs = [Request(t(500), out) for _ in range(int(20 * s))]
     return Workload("no-sharing", "control: random prompts, nothing to reuse", reqs)
@@ -226,6 +232,7 @@ SERVING_WORKLOADS = {
         tree_of_thought,
         agent_loop,
         rag,
+        long_prefix,
         no_sharing,
     )
 }

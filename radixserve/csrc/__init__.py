@@ -49,6 +49,18 @@ def load_native(march: str = "native") -> ModuleType | None:
         return None
 
 
+def torch_has_bf16_instructions() -> bool:
+    """Whether torch's own bfloat16 kernels (GEMM, flash attention) run on bfloat16
+    instructions here (AVX512_BF16 or AMX); torch.cpu's probes are private, and a torch
+    without them is taken to lack the instructions."""
+    import torch
+
+    return any(
+        getattr(torch.cpu, probe, lambda: False)()
+        for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
+
+
 def native_available() -> bool:
     return load_native() is not None
 

@@ -21,17 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixserve.csrc import load_native
+from radixserve.csrc import load_native, torch_has_bf16_instructions
 
 NATIVE_ROWS = 32
 NATIVE_BF16_ROWS = 8
 FEW_ROWS = 128
-# Whether torch's own bfloat16 GEMM runs on bfloat16 instructions here (torch.cpu's probes
-# are private; a torch without them is taken to lack the instructions).
-BF16_GEMM = any(
-    getattr(torch.cpu, probe, lambda: False)()
-    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-)
+BF16_GEMM = torch_has_bf16_instructions()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -6,7 +6,7 @@ from unittest import mock
 import numpy as np
 
 from radixserve import Engine, SamplingParams
-from radixserve.attention import native_backend
+from radixserve.attention import dense_blocks
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
 
@@ -26,7 +26,7 @@ def run(cascade_min_queries: int | None = None, **options) -> tuple[list[list[in
     with contextlib.ExitStack() as stack:
         if cascade_min_queries is not None:  # the tiny batch is below the default
             stack.enter_context(
-                mock.patch.object(native_backend, "CASCADE_MIN_QUERIES", cascade_min_queries)
+                mock.patch.object(dense_blocks, "CASCADE_MIN_QUERIES", cascade_min_queries)
             )
         engine = stack.enter_context(Engine("tiny", check_invariants=True, **options))
         outs = engine.generate(input_ids=workload(), sampling_params=GREEDY)

@@ -1,0 +1,188 @@
+"""The parts of a batch's attention that are dense blocks, for torch's CPU flash kernel.
+
+Two shapes of work carry most of a prefill's attention arithmetic and are plain matrix
+products once their K/V sit side by side: many queries over the same cached slots (the
+members of a prefix group over their shared path, an extend over its own cached prefix),
+and an extend's new tokens over themselves (causal, K/V in hand). torch's flash kernel runs
+them at GEMM speed (302 GFLOP/s in float32 and 840 in bfloat16 on 5,952 queries x 1,024
+keys here, AMX included) where the native kernel's per-query vectors reach about half of
+that; the native kernel keeps what is irregular: decode rows and short extends. Every part
+leaves a softmax state per (token, head) and ``merge`` combines them by log-sum-exp.
+
+Grouped query attention folds into the query axis where nothing is causal: the ``G`` query
+heads of a KV head are ``G`` more queries over the same keys.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from radixserve.attention.attention_plan import PrefixGroup, check_group
+from radixserve.csrc import torch_has_bf16_instructions
+
+# Queries per KV head from which a group member's share of the group's path goes to the
+# flash kernel (31 prefills of 64 tokens under a 1,024-token prefix: 1.5x the native kernel
+# in float32, 2.7x in bfloat16).
+DENSE_MIN_QUERIES = 96
+# Queries x keys per KV head from which a request's own cached keys do: below it the
+# block's gather, copies and merge cost more than the flash kernel saves (even at 384 x
+# 1,024 in float32; at 192 x 1,024 it was 1.36x in bfloat16, where torch has bfloat16
+# instructions for it).
+DENSE_MIN_WORK = {
+    torch.float32: 1 << 19,
+    torch.bfloat16: 1 << 17 if torch_has_bf16_instructions() else 1 << 19,
+}
+# New tokens from which an extend attends over itself in the flash kernel (below it the
+# native kernel's causal blocks were faster: 1.4 ms against 2.0 for 367 tokens).
+DENSE_SELF_MIN_TOKENS = 1024
+# A group of decode-like members stays a native cascade (the kernel reads the shared slots
+# once for them and their short suffixes in the same pass) from this many queries per KV
+# head; below it the members attend one by one.
+CASCADE_MIN_QUERIES = 32
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+@dataclass(frozen=True)
+class SharedBlock:
+    """Batch tokens ``tokens`` over pool slots ``slots``, every key visible to every one."""
+
+    tokens: torch.Tensor
+    slots: torch.Tensor
+
+
+@dataclass(frozen=True)
+class SelfBlock:
+    """Requests whose ``length`` new tokens start at batch tokens ``starts``: each over its
+    own new K/V, causally (one batched call for all of them)."""
+
+    starts: torch.Tensor
+    length: int
+
+    @property
+    def tokens(self) -> torch.Tensor:  # [requests, length]
+        return self.starts[:, None] + torch.arange(self.length)
+
+
+@dataclass(frozen=True)
+class DenseSplit:
+    shared: tuple[SharedBlock, ...]
+    selfs: tuple[SelfBlock, ...]
+    keys_from: np.ndarray  # per request: the first context key left to the native kernel
+    native_groups: tuple[PrefixGroup, ...]
+
+
+def split_dense(
+    seq_lens: list[int],
+    extend_lens: list[int],
+    kv_slots: np.ndarray,
+    groups: tuple[PrefixGroup, ...],
+    heads_per_kv: int,
+    dtype: torch.dtype,
+) -> DenseSplit:
+    """Which parts of a batch run as dense blocks; the rest stays with the native kernel.
+
+    A group's members with many queries share one block over the group's path; its
+    decode-like members stay a native group (or attend alone when too few)."""
+    seq = np.asarray(seq_lens, dtype=np.int64)
+    ext = np.asarray(extend_lens, dtype=np.int64)
+    kv_start, q_start = np.cumsum(seq) - seq, np.cumsum(ext) - ext
+    prefix = seq - ext
+    many = ext * heads_per_kv >= DENSE_MIN_QUERIES
+    keys_from = np.zeros(len(seq), dtype=np.int64)
+    shared: list[SharedBlock] = []
+    native_groups = []
+    claimed = np.zeros(len(seq), dtype=np.int64)
+    for group in groups:
+        check_group(group, prefix, kv_start, kv_slots, claimed)
+        m = np.asarray(group.members)
+        claimed[m] = group.shared_len
+        big, small = m[many[m]], m[~many[m]]
+        if len(big):
+            first = kv_start[m[0]]
+            tokens = np.concatenate([np.arange(q_start[i], q_start[i] + ext[i]) for i in big])
+            shared.append(_shared(tokens, kv_slots[first : first + group.shared_len]))
+            keys_from[big] = group.shared_len
+        if len(small) >= 2 and ext[small].sum() * heads_per_kv >= CASCADE_MIN_QUERIES:
+            native_groups.append(PrefixGroup(group.shared_len, tuple(small.tolist())))
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for i in np.flatnonzero(many):
+        if ext[i] * heads_per_kv * (prefix[i] - keys_from[i]) >= DENSE_MIN_WORK[dtype]:
+            own = kv_slots[kv_start[i] + keys_from[i] : kv_start[i] + prefix[i]]
+            shared.append(_shared(np.arange(q_start[i], q_start[i] + ext[i]), own))
+            keys_from[i] = prefix[i]
+        if ext[i] >= DENSE_SELF_MIN_TOKENS and keys_from[i] == prefix[i]:
+            by_length[int(ext[i])].append(int(q_start[i]))
+            keys_from[i] = seq[i]
+    selfs = tuple(SelfBlock(torch.tensor(s), n) for n, s in by_length.items())
+    return DenseSplit(tuple(shared), selfs, keys_from, tuple(native_groups))
+
+
+def _shared(tokens: np.ndarray, slots: np.ndarray) -> SharedBlock:
+    return SharedBlock(torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(slots))
+
+
+@dataclass(frozen=True)
+class Part:
+    """Softmax states of some batch tokens: ``out [n, heads, head_dim]`` float32 and
+    ``lse [n, heads]`` (natural log of the softmax sum; -inf where a token saw nothing)."""
+
+    tokens: torch.Tensor
+    out: torch.Tensor
+    lse: torch.Tensor
+
+
+def run_shared(
+    block: SharedBlock, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float
+) -> Part:
+    n, heads, dim = len(block.tokens), q.shape[1], q.shape[2]
+    kv_heads = k_pool.shape[1]
+    group = heads // kv_heads
+    # [n, heads, dim] -> [1, kv_heads, n * group, dim]: a KV head's query heads side by side
+    qf = q[block.tokens].view(n, kv_heads, group, dim).permute(1, 0, 2, 3)
+    qf = qf.reshape(1, kv_heads, n * group, dim)
+    k = k_pool[block.slots].permute(1, 0, 2)[None].contiguous()
+    v = v_pool[block.slots].permute(1, 0, 2)[None].contiguous()
+    out, lse = _flash(qf, k, v, 0.0, False, scale=scale)
+    out = out.view(kv_heads, n, group, dim).permute(1, 0, 2, 3).reshape(n, heads, dim)
+    lse = lse.view(kv_heads, n, group).permute(1, 0, 2).reshape(n, heads)
+    return Part(block.tokens, out.float(), lse)
+
+
+def run_self(
+    block: SelfBlock, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> Part:
+    tokens = block.tokens
+    b, n, heads, dim = len(tokens), block.length, q.shape[1], q.shape[2]
+    group = heads // k.shape[1]
+    qs = q[tokens].transpose(1, 2)  # [b, heads, n, dim]
+    ks = k[tokens].transpose(1, 2).repeat_interleave(group, 1)
+    vs = v[tokens].transpose(1, 2).repeat_interleave(group, 1)
+    out, lse = _flash(qs, ks, vs, 0.0, True, scale=scale)
+    out = out.transpose(1, 2).reshape(b * n, heads, dim)
+    return Part(tokens.reshape(-1), out.float(), lse.transpose(1, 2).reshape(b * n, heads))
+
+
+def merge(parts: list[Part], num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` of every batch token from the parts that cover it."""
+    if len(parts) == 1 and len(parts[0].tokens) == num_tokens:
+        part = parts[0]
+        if torch.equal(part.tokens, torch.arange(num_tokens)):
+            return part.out, part.lse
+    tokens = torch.cat([p.tokens for p in parts])
+    out = torch.cat([p.out for p in parts])
+    lse = torch.cat([p.lse for p in parts])
+    heads = lse.shape[1]
+    top = torch.full((num_tokens, heads), -torch.inf).scatter_reduce_(
+        0, tokens[:, None].expand(-1, heads), lse, "amax"
+    )
+    weight = torch.exp(lse - top[tokens])  # 0 for a part that saw nothing
+    total = torch.zeros(num_tokens, heads).index_add_(0, tokens, weight)
+    merged = torch.zeros(num_tokens, heads, out.shape[2]).index_add_(
+        0, tokens, out * weight[..., None]
+    )
+    return merged / total[..., None], top + torch.log(total)
