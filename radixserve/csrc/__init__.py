@@ -19,7 +19,13 @@ from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("bindings.cpp", "linear_rows.cpp", "paged_attention.cpp", "prefix_match.cpp")
+SOURCES = (
+    "bindings.cpp",
+    "elementwise.cpp",
+    "linear_rows.cpp",
+    "paged_attention.cpp",
+    "prefix_match.cpp",
+)
 DISABLE_ENV = "RADIXSERVE_NATIVE"
 _FLAGS = ["-O3", "-std=c++17", "-fopenmp"]
 

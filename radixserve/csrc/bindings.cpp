@@ -1,6 +1,7 @@
 // Python bindings: tensors and bytes in, raw pointers to the kernels.
 #include <torch/extension.h>
 
+#include "elementwise.h"
 #include "linear_rows.h"
 #include "paged_attention.h"
 
@@ -84,6 +85,84 @@ torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
   return y;
 }
 
+void check_rows(const torch::Tensor& t, const char* name, c10::ScalarType dtype) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype, name, " must be a CPU tensor of ",
+              dtype);
+  TORCH_CHECK(t.dim() >= 1 && t.stride(-1) == 1, name, "'s last dimension must be contiguous");
+}
+
+template <typename T>
+T* ptr(const torch::Tensor& t) {
+  return reinterpret_cast<T*>(t.data_ptr());
+}
+
+// Calls f(T{}) with T the storage type of dtype: float, or uint16_t for bfloat16's bits.
+template <typename F>
+void with_dtype(c10::ScalarType dtype, F&& f) {
+  if (dtype == torch::kFloat32) {
+    f(float{});
+  } else if (dtype == torch::kBFloat16) {
+    f(uint16_t{});
+  } else {
+    TORCH_CHECK(false, "the fused elementwise kernels take float32 or bfloat16, not ", dtype);
+  }
+}
+
+// weight * rms_norm(x), or, given residual: residual += x in place, then its norm.
+torch::Tensor add_rms_norm(torch::Tensor x, std::optional<torch::Tensor> residual,
+                           torch::Tensor weight, double eps) {
+  x = x.contiguous();
+  const auto dtype = x.scalar_type();
+  check_rows(weight, "weight", dtype);
+  const int64_t dim = x.size(-1), rows = x.numel() / dim;
+  TORCH_CHECK(weight.numel() == dim, "weight must have the last dimension's size");
+  if (residual) {
+    check_rows(*residual, "residual", dtype);
+    TORCH_CHECK(residual->is_contiguous() && residual->sizes() == x.sizes(),
+                "residual must be contiguous and of x's shape");
+  }
+  auto out = torch::empty_like(x);
+  with_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    radixserve::add_rms_norm<T>(ptr<T>(x), residual ? ptr<T>(*residual) : nullptr,
+                                ptr<T>(weight.contiguous()), rows, dim,
+                                static_cast<float>(eps), ptr<T>(out));
+  });
+  return out;
+}
+
+// silu(gate) * up for [rows, dim] views whose rows may be apart (two halves of one tensor).
+torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
+  const auto dtype = gate.scalar_type();
+  check_rows(gate, "gate", dtype);
+  check_rows(up, "up", dtype);
+  TORCH_CHECK(gate.dim() == 2 && gate.sizes() == up.sizes() && gate.stride(0) == up.stride(0),
+              "gate and up must be [rows, dim] with one row stride");
+  auto out = torch::empty(gate.sizes(), gate.options());
+  with_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    radixserve::silu_mul<T>(ptr<T>(gate), ptr<T>(up), gate.size(0), gate.size(1),
+                            gate.stride(0), ptr<T>(out));
+  });
+  return out;
+}
+
+// x [tokens, heads, dim] rotated in place by cos/sin [tokens, dim].
+void rope_inplace(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+  const auto dtype = x.scalar_type();
+  check_rows(x, "x", dtype);
+  TORCH_CHECK(x.dim() == 3 && x.stride(1) == x.size(2), "x must be [tokens, heads, dim], heads "
+              "contiguous");
+  TORCH_CHECK(x.size(2) % 2 == 0, "head_dim must be even");
+  cos = cos.to(dtype).reshape({x.size(0), x.size(2)}).contiguous();
+  sin = sin.to(dtype).reshape({x.size(0), x.size(2)}).contiguous();
+  with_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    radixserve::rope_inplace<T>(ptr<T>(x), x.size(0), x.size(1), x.size(2), x.stride(0),
+                                ptr<T>(cos), ptr<T>(sin));
+  });
+}
+
 // Bytes of key[pos:] and edge that agree, in whole tokens of `unit` bytes.
 int64_t matching_prefix(const pybind11::bytes& key, int64_t pos, const pybind11::bytes& edge,
                         int64_t unit) {
@@ -101,5 +180,8 @@ int64_t matching_prefix(const pybind11::bytes& key, int64_t pos, const pybind11:
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "Paged attention over the KV pool by plan");
   m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x, float32 out");
+  m.def("add_rms_norm", &add_rms_norm, "residual += x (if given), then weight * rms_norm");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("rope_inplace", &rope_inplace, "rotary embedding applied in place");
   m.def("matching_prefix", &matching_prefix, "Agreeing bytes of key[pos:] and edge");
 }

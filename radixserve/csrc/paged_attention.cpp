@@ -36,8 +36,6 @@ constexpr int64_t kAhead = 32;  // keys between a prefetch and its use
 constexpr float kNone = -1e30f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-inline f8 vmax(f8 a, f8 b) { return a > b ? a : b; }
-
 // Lane j of the result: the sum of a[j]'s lanes.
 inline f8 hsum8(const f8* a) {
 #ifdef __AVX__
@@ -55,24 +53,6 @@ inline f8 hsum8(const f8* a) {
 inline float hmax(f8 v) {
   return std::max(std::max(std::max(v[0], v[4]), std::max(v[1], v[5])),
                   std::max(std::max(v[2], v[6]), std::max(v[3], v[7])));
-}
-
-// exp(x) for x <= 0, lane-wise: 2^(x log2 e) split into an integer power (built in the
-// exponent bits) and e^f, |f| <= ln2 / 2, by a degree-6 polynomial (relative error ~2e-7).
-// Arguments below -87 give ~1e-38 rather than 0; callers mask what must be exactly 0.
-inline f8 exp_nonpositive(f8 x) {
-  const f8 t = vmax(x, splat(-87.0f)) * 1.44269504088896341f;
-  const f8 n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
-  const f8 f = (t - n) * 0.693147180559945309f;
-  const f8 p =
-      1.0f +
-      f * (1.0f + f * (0.5f + f * (0.166666667f + f * (0.0416666667f +
-                                                          f * (0.00833333333f +
-                                                               f * 0.00138888889f)))));
-  const i8 bits = (__builtin_convertvector(n, i8) + 127) << 23;
-  f8 scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
 }
 
 template <typename KV>

@@ -36,6 +36,38 @@ inline float to_float(uint16_t x) {
 
 inline f8 splat(float x) { return f8{} + x; }
 
+inline f8 vmax(f8 a, f8 b) { return a > b ? a : b; }
+
+// exp(x) for x <= 0, lane-wise: 2^(x log2 e) split into an integer power (built in the
+// exponent bits) and e^f, |f| <= ln2 / 2, by a degree-6 polynomial (relative error ~2e-7).
+// Arguments below -87 give ~1e-38 rather than 0; callers mask what must be exactly 0.
+inline f8 exp_nonpositive(f8 x) {
+  const f8 t = vmax(x, splat(-87.0f)) * 1.44269504088896341f;
+  const f8 n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
+  const f8 f = (t - n) * 0.693147180559945309f;
+  const f8 p =
+      1.0f +
+      f * (1.0f + f * (0.5f + f * (0.166666667f + f * (0.0416666667f +
+                                                          f * (0.00833333333f +
+                                                               f * 0.00138888889f)))));
+  const i8 bits = (__builtin_convertvector(n, i8) + 127) << 23;
+  f8 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// Round-to-nearest-even of eight floats to bfloat16 (NaN stays NaN), stored unaligned.
+inline void store8(uint16_t* p, f8 v) {
+  u32x8 bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const u32x8 rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const u32x8 nan = reinterpret_cast<u32x8>(v != v);
+  const u32x8 out = (rounded & ~nan) | (nan & 0x7FC0u);
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint16_t>(out[i]);
+}
+
+inline void store8(float* p, f8 v) { *reinterpret_cast<f8u*>(p) = v; }
+
 inline float hsum(f8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixserve.attention import AttentionBackend, ForwardBatch
 from radixserve.model.config import ModelConfig
+from radixserve.model.fused import rms_norm, rope_, silu_mul
 from radixserve.model.linear import Linear, linear
-from radixserve.model.rope import RotaryEmbedding, apply_rope
+from radixserve.model.rope import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
@@ -25,11 +25,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32, scale in the input dtype: transformers' order of rounding.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The norm of ``x``; given ``residual``, ``residual += x`` first and its norm."""
+        return rms_norm(x, self.weight, self.eps, residual)
 
 
 class Attention(nn.Module):
@@ -63,7 +61,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, *cos_sin), apply_rope(k, *cos_sin)
+        q, k = rope_(q, *cos_sin), rope_(k, *cos_sin)
         out = backend.forward(self.layer, q, k, v, batch)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
@@ -76,7 +74,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -87,9 +85,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos_sin, batch, backend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, batch, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos_sin, batch, backend) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(this layer's MLP output, the residual stream before it)``: each layer adds the
+        previous one's output to the stream inside its first norm."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h = self.input_layernorm(x, residual)
+        h = self.self_attn(h, cos_sin, batch, backend)
+        return self.mlp(self.post_attention_layernorm(h, residual)), residual
 
 
 class DecoderStack(nn.Module):
@@ -132,10 +136,12 @@ class LlamaForCausalLM(nn.Module):
         backend.prepare(batch)
         x = self.model.embed_tokens(batch.input_ids)
         cos_sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, cos_sin, batch, backend)
+            x, residual = layer(x, residual, cos_sin, batch, backend)
         last_index = torch.cumsum(torch.tensor(batch.extend_lens, device=x.device), 0) - 1
         if batch.return_all_logits:
-            every = linear(self.model.norm(x), self.output_weight).float()
+            every = linear(self.model.norm(x, residual), self.output_weight).float()
             return Logits(every[last_index], every)
-        return Logits(linear(self.model.norm(x[last_index]), self.output_weight).float())
+        last = self.model.norm(x[last_index], residual[last_index])
+        return Logits(linear(last, self.output_weight).float())

@@ -52,10 +52,3 @@ class RotaryEmbedding:
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]
         return (angles.cos() * self.scale).to(dtype), (angles.sin() * self.scale).to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (``[num_tokens, heads, head_dim]``) by pairing its two halves."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin

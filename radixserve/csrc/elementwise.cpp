@@ -1,0 +1,145 @@
+// The decoder's elementwise steps fused into one pass each: residual add + RMSNorm, SiLU
+// times up, rotary embedding in place. torch runs each as several operations, every one a
+// pass over memory (and, for a decode step's few rows, a dispatch): RMSNorm alone is seven.
+//
+// Rounding follows transformers' order in the tensor's dtype: the residual sum is rounded,
+// the norm is computed in float32 from it and rounded before the weight multiplies it; SiLU
+// is rounded before the product; each rotary product is rounded before the sum. So bfloat16
+// results match torch's operation by operation, up to float32 summation order. T is the
+// storage type: float, or uint16_t holding bfloat16 bits.
+#include "elementwise.h"
+
+#include "vec.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <type_traits>
+
+namespace radixserve {
+namespace {
+
+constexpr int64_t kGrain = 16;  // rows per parallel task
+
+// A float rounded to the storage type and back: what an operation in that type keeps.
+template <typename T>
+inline f8 keep(f8 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    uint16_t b[8];
+    store8(b, v);
+    return load8(b);
+  }
+}
+
+template <typename T>
+inline float keep1(float v) {
+  return keep<T>(splat(v))[0];
+}
+
+template <typename T>
+inline void store1(T* p, float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    *p = v;
+  } else {
+    uint16_t b[8];
+    store8(b, splat(v));
+    *p = b[0];
+  }
+}
+
+// x * sigmoid(x), from e^-|x| so that nothing overflows.
+inline f8 silu(f8 x) {
+  const f8 t = exp_nonpositive(vmax(x, -x) * -1.0f);
+  const f8 sig = x >= 0.0f ? 1.0f / (1.0f + t) : t / (1.0f + t);
+  return x * sig;
+}
+
+}  // namespace
+
+template <typename T>
+void add_rms_norm(const T* x, T* residual, const T* weight, int64_t rows, int64_t dim, float eps,
+                  T* out) {
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * dim;
+      T* res = residual != nullptr ? residual + r * dim : nullptr;
+      f8 acc = {};
+      float tail = 0.0f;
+      int64_t d = 0;
+      if (res != nullptr) {
+        for (; d + 8 <= dim; d += 8) {
+          const f8 v = keep<T>(load8(res + d) + load8(xr + d));
+          store8(res + d, v);
+          acc += v * v;
+        }
+        for (; d < dim; ++d) {
+          const float v = keep1<T>(to_float(res[d]) + to_float(xr[d]));
+          store1(res + d, v);
+          tail += v * v;
+        }
+      } else {
+        for (; d + 8 <= dim; d += 8) acc += load8(xr + d) * load8(xr + d);
+        for (; d < dim; ++d) tail += to_float(xr[d]) * to_float(xr[d]);
+      }
+      const T* src = res != nullptr ? res : xr;
+      const float inv = 1.0f / std::sqrt((hsum(acc) + tail) / static_cast<float>(dim) + eps);
+      T* o = out + r * dim;
+      for (d = 0; d + 8 <= dim; d += 8)
+        store8(o + d, load8(weight + d) * keep<T>(load8(src + d) * inv));
+      for (; d < dim; ++d) store1(o + d, to_float(weight[d]) * keep1<T>(to_float(src[d]) * inv));
+    }
+  });
+}
+
+template <typename T>
+void silu_mul(const T* gate, const T* up, int64_t rows, int64_t dim, int64_t gate_stride,
+              T* out) {
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gate + r * gate_stride;
+      const T* u = up + r * gate_stride;
+      T* o = out + r * dim;
+      int64_t d = 0;
+      for (; d + 8 <= dim; d += 8) store8(o + d, keep<T>(silu(load8(g + d))) * load8(u + d));
+      for (; d < dim; ++d) store1(o + d, keep1<T>(silu(splat(to_float(g[d])))[0]) * to_float(u[d]));
+    }
+  });
+}
+
+template <typename T>
+void rope_inplace(T* x, int64_t tokens, int64_t heads, int64_t dim, int64_t token_stride,
+                  const T* cos, const T* sin) {
+  const int64_t half = dim / 2;
+  at::parallel_for(0, tokens, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* c = cos + t * dim;
+      const T* s = sin + t * dim;
+      for (int64_t h = 0; h < heads; ++h) {
+        T* v = x + t * token_stride + h * dim;
+        int64_t i = 0;
+        for (; i + 8 <= half; i += 8) {
+          const f8 a = load8(v + i), b = load8(v + i + half);
+          store8(v + i, keep<T>(a * load8(c + i)) + keep<T>(-b * load8(s + i)));
+          store8(v + i + half, keep<T>(b * load8(c + i + half)) + keep<T>(a * load8(s + i + half)));
+        }
+        for (; i < half; ++i) {
+          const float a = to_float(v[i]), b = to_float(v[i + half]);
+          store1(v + i, keep1<T>(a * to_float(c[i])) + keep1<T>(-b * to_float(s[i])));
+          store1(v + i + half,
+                 keep1<T>(b * to_float(c[i + half])) + keep1<T>(a * to_float(s[i + half])));
+        }
+      }
+    }
+  });
+}
+
+#define RADIXSERVE_ELEMENTWISE(T)                                                         \
+  template void add_rms_norm<T>(const T*, T*, const T*, int64_t, int64_t, float, T*);    \
+  template void silu_mul<T>(const T*, const T*, int64_t, int64_t, int64_t, T*);          \
+  template void rope_inplace<T>(T*, int64_t, int64_t, int64_t, int64_t, const T*, const T*);
+RADIXSERVE_ELEMENTWISE(float)
+RADIXSERVE_ELEMENTWISE(uint16_t)
+
+}  // namespace radixserve

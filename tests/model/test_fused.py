@@ -1,0 +1,78 @@
+"""The fused elementwise kernels against their torch twins (``radixserve/model/fused.py``):
+float32 within summation order, bfloat16 rounded the same way step by step."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixserve.csrc import native_available
+from radixserve.model import fused
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="native kernels did not build")
+
+
+def both(fn, *args):
+    """(native, torch) results of ``fn`` on fresh copies of ``args`` (some run in place)."""
+    with torch.inference_mode():
+        native = fn(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+        real = fused._kernels
+        fused._kernels = lambda x: None
+        try:
+            twin = fn(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+        finally:
+            fused._kernels = real
+    return native, twin
+
+
+def close(native, twin, dtype, norm=False):
+    if dtype == torch.float32:
+        torch.testing.assert_close(native, twin, rtol=1e-5, atol=1e-5)
+    else:  # a norm's sum in another order may move a result by one bfloat16 step
+        step = 2.0**-7 * twin.float().abs().clamp_min(1e-3)
+        assert ((native.float() - twin.float()).abs() <= (step if norm else 0)).all()
+
+
+shapes = dict(
+    rows=st.integers(1, 40),
+    dim=st.integers(1, 80),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(**shapes, with_residual=st.booleans())
+def test_add_rms_norm(rows, dim, dtype, seed, with_residual):
+    g = torch.Generator().manual_seed(seed)
+    x, r = (torch.randn(rows, dim, generator=g).to(dtype) for _ in range(2))
+    w = (torch.rand(dim, generator=g) + 0.5).to(dtype)
+    residual = r if with_residual else None
+
+    def run(x, w, residual):
+        out = fused.rms_norm(x, w, 1e-6, residual)
+        return out, residual
+
+    (out_n, res_n), (out_t, res_t) = both(run, x, w, residual)
+    close(out_n, out_t, dtype, norm=True)
+    if with_residual:  # the stream is updated in place, rounded like torch's add
+        assert torch.equal(res_n, res_t) and torch.equal(res_t, r + x)
+
+
+@settings(max_examples=60, deadline=None)
+@given(**shapes)
+def test_silu_mul_on_halves_of_one_projection(rows, dim, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    both_halves = (torch.randn(rows, 2 * dim, generator=g) * 6).to(dtype)  # saturates sigmoid
+    native, twin = both(lambda t: fused.silu_mul(t[:, :dim], t[:, dim:]), both_halves)
+    close(native, twin, dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(**shapes, heads=st.integers(1, 5))
+def test_rope_in_place(rows, dim, dtype, seed, heads):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, heads, 2 * dim, generator=g).to(dtype)
+    cos, sin = (torch.randn(rows, 1, 2 * dim, generator=g).to(dtype) for _ in range(2))
+    native, twin = both(lambda t: fused.rope_(t, cos, sin), x)
+    close(native, twin, dtype)
