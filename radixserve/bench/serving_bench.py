@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from radixserve.bench.report import (
     Column,
@@ -65,6 +66,9 @@ class ServingBenchConfig:
     sweep_workloads: tuple[str, ...] = ()  # KV-pool sweep on these workloads
     sweep_fractions: tuple[float, ...] = (1.0, 0.5, 0.375, 0.25)
     vllm_python: str | None = None  # an interpreter whose environment has vllm
+    dtype: str = "float32"
+    # time a second pass of each workload over what the first one cached (no flush between)
+    warm: bool = False
 
     def __post_init__(self) -> None:
         for name in (*self.workloads, *self.sweep_workloads):
@@ -86,24 +90,32 @@ def _poll_dedup(engine: Engine, stop: threading.Event, out: list[float]) -> None
             out.append(s["memory_dedup_ratio"])
 
 
-def run_engine(engine: Engine, workload: Workload, label: str) -> dict:
-    """Send each wave at once and wait for it; returns the row for this configuration."""
+def _send(engine: Engine, workload: Workload) -> list[dict]:
+    metas = []
+    for wave in workload.waves:
+        params = [
+            SamplingParams(max_new_tokens=r.max_tokens, temperature=0, ignore_eos=True)
+            for r in wave
+        ]
+        outs = engine.generate(input_ids=[r.prompt for r in wave], sampling_params=params)
+        metas += [o["meta_info"] for o in outs]
+    return metas
+
+
+def run_engine(engine: Engine, workload: Workload, label: str, warm: bool = False) -> dict:
+    """Send each wave at once and wait for it (after an untimed pass that fills the cache
+    when ``warm``); returns the row for this configuration."""
     assert engine.flush_cache()  # also starts the engine's lookup-latency window afresh
+    if warm:
+        _send(engine, workload)
     before = engine.cache_stats()
     dedup: list[float] = []
     stop = threading.Event()
     poller = threading.Thread(target=_poll_dedup, args=(engine, stop, dedup), daemon=True)
     poller.start()
-    metas = []
     start = time.perf_counter()
     try:
-        for wave in workload.waves:
-            params = [
-                SamplingParams(max_new_tokens=r.max_tokens, temperature=0, ignore_eos=True)
-                for r in wave
-            ]
-            outs = engine.generate(input_ids=[r.prompt for r in wave], sampling_params=params)
-            metas += [o["meta_info"] for o in outs]
+        metas = _send(engine, workload)
     finally:
         seconds = time.perf_counter() - start
         stop.set()
@@ -151,6 +163,7 @@ def run_serving_bench(
             page_size=cfg.page_size,
             max_total_tokens=cfg.kv_tokens,
             seed=cfg.seed,
+            dtype=cfg.dtype,
             **ENGINE_CONFIGS[name],
         )
         for name in cfg.configs
@@ -165,7 +178,7 @@ def run_serving_bench(
         from radixserve.bench.model_bench import transformers_twin
         from radixserve.model.presets import load_preset
 
-        hf = transformers_twin(load_preset(cfg.model))
+        hf = transformers_twin(load_preset(cfg.model, dtype=getattr(torch, cfg.dtype)))
     rows: list[dict] = []
     pairs: list[dict] = []
     optimal: dict[str, float] = {}
@@ -228,7 +241,7 @@ def _pairs(workload: str, rounds: dict[str, list[dict]], configs: tuple[str, ...
 
 def _run_one(label, engines, hf, work: Workload, cfg: ServingBenchConfig) -> dict | None:
     if label in engines:
-        return run_engine(engines[label], work, label)
+        return run_engine(engines[label], work, label, cfg.warm)
     if label == "transformers":
         from radixserve.bench.transformers_peer import run_transformers
 
@@ -237,7 +250,7 @@ def _run_one(label, engines, hf, work: Workload, cfg: ServingBenchConfig) -> dic
         return None
     from radixserve.bench.vllm_peer import run_vllm
 
-    return run_vllm(cfg.vllm_python, cfg.model, work, cfg.page_size)
+    return run_vllm(cfg.vllm_python, cfg.model, work, cfg.page_size, cfg.dtype, cfg.warm)
 
 
 def _kv_sweep(
@@ -339,6 +352,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vllm-python", help="python of a venv with vllm, for the vllm config")
     p.add_argument("--plot", help="write a PNG chart to this file")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--warm", action="store_true", help="time a second pass over what the first cached"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -354,6 +371,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         sweep_workloads=tuple(args.sweep or ()),
         vllm_python=args.vllm_python,
+        dtype=args.dtype,
+        warm=args.warm,
     )
     result = with_progress("bench serving", num_steps(cfg), lambda s: run_serving_bench(cfg, s))
     print_tables(result, TABLES, args.wide)

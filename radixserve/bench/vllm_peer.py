@@ -17,8 +17,11 @@ import time
 from pathlib import Path
 
 
-def run_vllm(python: str, model: str, workload, page_size: int) -> dict:
-    """The row for vLLM on ``workload``, the same checkpoint exported to a directory."""
+def run_vllm(
+    python: str, model: str, workload, page_size: int, dtype: str = "float32", warm: bool = False
+) -> dict:
+    """The row for vLLM on ``workload``, the same checkpoint exported to a directory
+    (timed over a second pass when ``warm``, like ``run_engine``)."""
     from radixserve.model.presets import PRESETS, export_preset
 
     with tempfile.TemporaryDirectory(prefix="radixserve-vllm-") as tmp:
@@ -26,6 +29,8 @@ def run_vllm(python: str, model: str, workload, page_size: int) -> dict:
         job = {
             "model_dir": model_dir,
             "block_size": -(-page_size // 32) * 32,  # its CPU attention wants multiples of 32
+            "dtype": dtype,
+            "warm": warm,
             "waves": [
                 [{"prompt": r.prompt.tolist(), "max_tokens": r.max_tokens} for r in wave]
                 for wave in workload.waves
@@ -67,20 +72,29 @@ def _main(src: str, dst: str) -> None:
     llm = LLM(
         model=job["model_dir"],
         enable_prefix_caching=True,
-        dtype="float32",
+        dtype=job["dtype"],
         max_model_len=4096,
         block_size=job["block_size"],
     )
     llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7])], SamplingParams(max_tokens=2))
     llm.reset_prefix_cache()
-    cached, start = 0, time.perf_counter()
-    for wave in job["waves"]:
-        prompts = [TokensPrompt(prompt_token_ids=r["prompt"]) for r in wave]
-        params = [
-            SamplingParams(max_tokens=r["max_tokens"], temperature=0, ignore_eos=True) for r in wave
-        ]
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        cached += sum(o.num_cached_tokens or 0 for o in outs)
+
+    def send() -> int:
+        cached = 0
+        for wave in job["waves"]:
+            prompts = [TokensPrompt(prompt_token_ids=r["prompt"]) for r in wave]
+            params = [
+                SamplingParams(max_tokens=r["max_tokens"], temperature=0, ignore_eos=True)
+                for r in wave
+            ]
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            cached += sum(o.num_cached_tokens or 0 for o in outs)
+        return cached
+
+    if job["warm"]:
+        send()
+    start = time.perf_counter()
+    cached = send()
     seconds = time.perf_counter() - start
     Path(dst).write_text(json.dumps({"seconds": seconds, "cached_tokens": cached}))
 
