@@ -143,6 +143,27 @@ def _alternate(ours: Callable, theirs: Callable, reps: int) -> tuple[float, floa
     return m["ours"], m["theirs"]
 
 
+def gemm_rate(dtype: torch.dtype, reps: int = 5) -> float:
+    """FLOP/s of torch's GEMM here on a prefill-sized product (2,048 x 576 by 576 x 1,536,
+    bench-135m's MLP): the rate a forward's multiply-adds could run at, at best."""
+    x, w = torch.randn(2048, 576, dtype=dtype), torch.randn(1536, 576, dtype=dtype)
+    seconds = medians(time_alternating({"gemm": partial(torch.nn.functional.linear, x, w)}, reps))
+    return 2 * x.shape[0] * w.shape[0] * w.shape[1] / seconds["gemm"]
+
+
+def forward_flops(loaded: LoadedModel, tokens: int, pairs: int, logit_rows: int) -> float:
+    """Multiply-adds x 2 of a forward: every projection for ``tokens`` new tokens, ``pairs``
+    (query, key) pairs of attention (scores and the weighted sum), ``logit_rows`` logits."""
+    cfg = loaded.config
+    per_token = sum(
+        m.weight.numel()
+        for name, m in loaded.model.named_modules()
+        if name.startswith("model.layers.") and isinstance(m, torch.nn.Linear)
+    )
+    attention = pairs * cfg.num_heads * cfg.head_dim * 2 * cfg.num_layers
+    return 2 * (tokens * per_token + attention + logit_rows * cfg.vocab_size * cfg.hidden_size)
+
+
 def run_model_bench(
     cfg: ModelBenchConfig, on_step: Callable[[str], None] | None = None
 ) -> list[dict]:
@@ -150,6 +171,7 @@ def run_model_bench(
     rows = []
     for dtype_name in cfg.dtypes:
         loaded = load_preset(cfg.preset, dtype=_DTYPES[dtype_name])
+        rate = gemm_rate(_DTYPES[dtype_name])
         vocab = loaded.config.vocab_size
         max_batch = max(cfg.decode_batches)
         need = max(max(cfg.prefill_lens), max_batch * (cfg.context + 64 + cfg.page_size))
@@ -164,7 +186,8 @@ def run_model_bench(
             t_ours, t_theirs = _alternate(
                 partial(ours.prefill, ids), partial(theirs.prefill, ids), cfg.reps
             )
-            rows.append(_row(dtype_name, f"prefill {n}", n, t_ours, t_theirs))
+            floor = forward_flops(loaded, n, n * (n + 1) // 2, 1) / rate
+            rows.append(_row(dtype_name, f"prefill {n}", n, t_ours, t_theirs, floor))
         for batch in cfg.decode_batches:
             if on_step:
                 on_step(f"{dtype_name} decode batch {batch}")
@@ -172,7 +195,8 @@ def run_model_bench(
             step_theirs = theirs.decoder(batch, cfg.context)
             t_ours, t_theirs = _alternate(step_ours, step_theirs, cfg.decode_steps)
             label = f"decode batch {batch}, context {cfg.context}"
-            rows.append(_row(dtype_name, label, batch, t_ours, t_theirs))
+            floor = forward_flops(loaded, batch, batch * (cfg.context + 1), batch) / rate
+            rows.append(_row(dtype_name, label, batch, t_ours, t_theirs, floor))
         for row in rows:
             row.setdefault("attention", ours.backend.name)
     return rows
@@ -189,13 +213,16 @@ def _check_same_model(ours: _Ours, theirs: _Theirs, vocab: int, rng) -> None:
         raise RuntimeError(f"our logits differ from transformers' by {(mine - ref).abs().max()}")
 
 
-def _row(dtype: str, case: str, tokens: int, t_ours: float, t_theirs: float) -> dict:
+def _row(dtype: str, case: str, tokens: int, t_ours: float, t_theirs: float, floor: float) -> dict:
     return {
         "dtype": dtype,
         "case": case,
         "ours_tok_s": tokens / t_ours,
         "transformers_tok_s": tokens / t_theirs,
         "ratio": t_theirs / t_ours,
+        "ours_ms": 1000 * t_ours,
+        "floor_ms": 1000 * floor,  # the case's FLOPs at this machine's GEMM rate
+        "x_floor": t_ours / floor,
     }
 
 
@@ -214,6 +241,9 @@ TABLES = (
             Column("ours_tok_s", "radixserve", num(1)),
             Column("transformers_tok_s", "transformers", num(1)),
             Column("ratio", "ratio", num(2)),
+            Column("ours_ms", "ms", num(1), wide=True),
+            Column("floor_ms", "floor ms", num(1), wide=True),
+            Column("x_floor", "x floor", num(2)),
         ),
     ),
 )

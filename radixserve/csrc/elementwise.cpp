@@ -27,9 +27,7 @@ inline f8 keep(f8 v) {
   if constexpr (std::is_same_v<T, float>) {
     return v;
   } else {
-    uint16_t b[8];
-    store8(b, v);
-    return load8(b);
+    return round_bf16(v);
   }
 }
 

@@ -56,14 +56,25 @@ inline f8 exp_nonpositive(f8 x) {
   return p * scale;
 }
 
-// Round-to-nearest-even of eight floats to bfloat16 (NaN stays NaN), stored unaligned.
-inline void store8(uint16_t* p, f8 v) {
+// Round-to-nearest-even of eight floats to bfloat16 bits (NaN stays NaN), in the low half.
+inline u32x8 bf16_bits(f8 v) {
   u32x8 bits;
   std::memcpy(&bits, &v, sizeof bits);
   const u32x8 rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
   const u32x8 nan = reinterpret_cast<u32x8>(v != v);
-  const u32x8 out = (rounded & ~nan) | (nan & 0x7FC0u);
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint16_t>(out[i]);
+  return (rounded & ~nan) | (nan & 0x7FC0u);
+}
+
+// v rounded to bfloat16 and widened back: what a bfloat16 operation keeps of it.
+inline f8 round_bf16(f8 v) {
+  const u32x8 bits = bf16_bits(v) << 16;
+  f8 f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline void store8(uint16_t* p, f8 v) {
+  *reinterpret_cast<u16x8*>(p) = __builtin_convertvector(bf16_bits(v), u16x8);
 }
 
 inline void store8(float* p, f8 v) { *reinterpret_cast<f8u*>(p) = v; }

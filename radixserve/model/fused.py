@@ -38,7 +38,10 @@ def rms_norm(
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    if (kernels := _kernels(gate)) is not None and gate.dim() == 2:
+    # bfloat16 stays with torch: its SiLU ran 1.5x faster than the kernel's (which widens,
+    # rounds twice and narrows each vector) on 1,985 x 1,536 here
+    kernels = _kernels(gate) if gate.dtype == torch.float32 else None
+    if kernels is not None and gate.dim() == 2:
         return kernels.silu_mul(gate, up)
     return F.silu(gate) * up
 
