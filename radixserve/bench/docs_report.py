@@ -50,6 +50,14 @@ SECTIONS = (
         SERVING,
     ),
     Section(
+        "speed",
+        "Issue 20's workload against vLLM, cold and warm — `radixserve bench serving`",
+        "radixserve bench serving --workload long-prefix --configs radix-lpm vllm "
+        "--vllm-python PEER_VENV/bin/python --max-tokens 32 --rounds 2 "
+        "[--warm] [--dtype bfloat16] --json docs/bench_speed.json",
+        SERVING,
+    ),
+    Section(
         "serving_native",
         "Native against torch attention, end to end — `radixserve bench serving`",
         "radixserve bench serving --workload shared-system-prompt --configs radix-lpm "
