@@ -34,7 +34,7 @@ from radixserve.bench.report import (
 )
 from radixserve.bench.timing import alternating, median_round, paired
 from radixserve.bench.workloads import SERVING_WORKLOADS, Workload, make_workload
-from radixserve.engine import Engine, SamplingParams
+from radixserve.engine import Engine, SamplingParams, compute_thread
 
 ENGINE_CONFIGS: dict[str, dict] = {
     "radix-lpm": {"cache_index": "radix", "schedule_policy": "lpm"},
@@ -178,7 +178,9 @@ def run_serving_bench(
         from radixserve.bench.model_bench import transformers_twin
         from radixserve.model.presets import load_preset
 
-        hf = transformers_twin(load_preset(cfg.model, dtype=getattr(torch, cfg.dtype)))
+        # on the engines' compute thread: a second thread's OpenMP team slows every engine
+        dtype = getattr(torch, cfg.dtype)
+        hf = compute_thread.call(lambda: transformers_twin(load_preset(cfg.model, dtype=dtype)))
     rows: list[dict] = []
     pairs: list[dict] = []
     optimal: dict[str, float] = {}
@@ -245,7 +247,7 @@ def _run_one(label, engines, hf, work: Workload, cfg: ServingBenchConfig) -> dic
     if label == "transformers":
         from radixserve.bench.transformers_peer import run_transformers
 
-        return run_transformers(hf, work, cfg.hf_batch)
+        return compute_thread.call(lambda: run_transformers(hf, work, cfg.hf_batch))
     if cfg.vllm_python is None:
         return None
     from radixserve.bench.vllm_peer import run_vllm

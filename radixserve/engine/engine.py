@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 
 from radixserve.cache import BlockHashCache, NoPrefixCache, RadixCache
+from radixserve.engine import compute_thread
 from radixserve.engine.chat_format import ChatFormat
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.intake import RequestFactory
@@ -39,10 +40,10 @@ logger = logging.getLogger(__name__)
 class Engine:
     def __init__(self, model: str = "tiny", **options) -> None:
         self.config = EngineConfig(model=model, **options)
-        # The model is built on the scheduler thread, which runs every forward: torch's
-        # OpenMP pools belong to the thread that calls them, and a bench-135m prefill of 367
-        # tokens ran 1.04-2.05x slower (median 1.08x, 12 paired runs) with the model built
-        # on the caller's thread.
+        # The model is built on the thread that runs every step (``compute_thread``):
+        # torch's OpenMP pools belong to the thread that calls them, and a bench-135m
+        # prefill of 367 tokens ran 1.04-2.05x slower (median 1.08x, 12 paired runs) with
+        # the model built on the caller's thread.
         built: Future = Future()
         self._ready = threading.Event()
         self._stopping = False
@@ -227,7 +228,7 @@ class Engine:
 
     def _run(self, built: Future) -> None:
         try:
-            built.set_result(ModelRunner(self.config))
+            built.set_result(compute_thread.call(lambda: ModelRunner(self.config)))
         except BaseException as exc:  # handed to the constructor, which raises it
             built.set_exception(exc)
             return
@@ -246,7 +247,7 @@ class Engine:
             try:
                 for command in commands:
                     command()
-                self._step()
+                compute_thread.call(self._step)
             except Exception:  # a bug must not leave callers waiting forever
                 logger.exception("scheduler step failed; failing every request in flight")
                 self._fail_all("error: internal")

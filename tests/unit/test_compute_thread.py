@@ -1,0 +1,44 @@
+"""Every engine's model work runs on one thread per process (one OpenMP team)."""
+
+import threading
+
+import pytest
+
+from radixserve import Engine, SamplingParams
+from radixserve.engine import compute_thread, model_runner
+
+
+def test_calls_from_any_thread_run_on_one_thread_and_keep_their_errors():
+    idents = []
+
+    def where() -> int:
+        idents.append(threading.get_ident())
+        return len(idents)
+
+    callers = [threading.Thread(target=compute_thread.call, args=(where,)) for _ in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert len(idents) == 4 and len(set(idents)) == 1 and idents[0] != threading.get_ident()
+    # a call made from the compute thread itself runs inline instead of waiting on itself
+    assert compute_thread.call(lambda: compute_thread.call(threading.get_ident)) == idents[0]
+    with pytest.raises(ZeroDivisionError):
+        compute_thread.call(lambda: 1 / 0)
+
+
+def test_two_engines_run_their_forwards_on_the_same_thread(monkeypatch):
+    idents = set()
+    forward = model_runner.ModelRunner.forward
+
+    def recording(self, batch):
+        idents.add(threading.get_ident())
+        return forward(self, batch)
+
+    monkeypatch.setattr(model_runner.ModelRunner, "forward", recording)
+    params = SamplingParams(max_new_tokens=3, ignore_eos=True)
+    with Engine("tiny") as a, Engine("tiny") as b:
+        a.generate(input_ids=[[5, 6, 7]], sampling_params=params)
+        b.generate(input_ids=[[8, 9]], sampling_params=params)
+        assert a._thread is not b._thread  # each still schedules on its own thread
+    assert len(idents) == 1
