@@ -97,7 +97,7 @@ def serve(engine: Engine, work: DemoWorkload, label: str, progress: Progress) ->
 def run_demo(model: str, work: DemoWorkload, **engine_options) -> list[RunResult]:
     results = []
     with Progress(transient=True) as progress:
-        for label, cache_on in (("cache on", True), ("cache off", False)):
+        for label, cache_on in (("on", True), ("off", False)):
             with Engine(model, enable_prefix_cache=cache_on, **engine_options) as engine:
                 results.append(serve(engine, work, label, progress))
     return results
@@ -112,7 +112,16 @@ def print_results(
         f"{work.turns} turns sharing one system prompt, {work.max_new_tokens} new tokens per reply"
     )
     table = Table()
-    for header in ("", "requests", "hit rate", "TTFT p50", "TTFT p99", "tok/s", "time", "speedup"):
+    for header in (
+        "cache",
+        "requests",
+        "hit rate",
+        "TTFT p50",
+        "TTFT p99",
+        "tok/s",
+        "time",
+        "speedup",
+    ):
         table.add_column(header, justify="right")
     off = results[-1].seconds
     for r in results:
