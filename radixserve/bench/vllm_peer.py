@@ -22,10 +22,17 @@ def run_vllm(
 ) -> dict:
     """The row for vLLM on ``workload``, the same checkpoint exported to a directory
     (timed over a second pass when ``warm``, like ``run_engine``)."""
+    from radixserve.engine import compute_thread
     from radixserve.model.presets import PRESETS, export_preset
 
     with tempfile.TemporaryDirectory(prefix="radixserve-vllm-") as tmp:
-        model_dir = str(export_preset(model, Path(tmp) / "model")) if model in PRESETS else model
+        # built on the engines' compute thread: torch work on this thread would start a
+        # second OpenMP team, which slows every engine of this process (compute_thread.py)
+        model_dir = (
+            str(compute_thread.call(lambda: export_preset(model, Path(tmp) / "model")))
+            if model in PRESETS
+            else model
+        )
         job = {
             "model_dir": model_dir,
             "block_size": -(-page_size // 32) * 32,  # its CPU attention wants multiples of 32
