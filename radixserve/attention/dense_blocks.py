@@ -57,15 +57,11 @@ class SharedBlock:
 
 @dataclass(frozen=True)
 class SelfBlock:
-    """Requests whose ``length`` new tokens start at batch tokens ``starts``: each over its
-    own new K/V, causally (one batched call for all of them)."""
+    """Requests whose ``length`` new tokens are batch tokens ``tokens`` ``[requests,
+    length]``: each over its own new K/V, causally (one batched call for all of them)."""
 
-    starts: torch.Tensor
+    tokens: torch.Tensor
     length: int
-
-    @property
-    def tokens(self) -> torch.Tensor:  # [requests, length]
-        return self.starts[:, None] + torch.arange(self.length)
 
 
 @dataclass(frozen=True)
@@ -118,7 +114,9 @@ def split_dense(
         if ext[i] >= DENSE_SELF_MIN_TOKENS and keys_from[i] == prefix[i]:
             by_length[int(ext[i])].append(int(q_start[i]))
             keys_from[i] = seq[i]
-    selfs = tuple(SelfBlock(torch.tensor(s), n) for n, s in by_length.items())
+    selfs = tuple(
+        SelfBlock(torch.tensor(s)[:, None] + torch.arange(n), n) for n, s in by_length.items()
+    )
     return DenseSplit(tuple(shared), selfs, keys_from, tuple(native_groups))
 
 
