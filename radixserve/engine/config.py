@@ -42,6 +42,8 @@ class EngineConfig:
     # bfloat16 on a CPU with bfloat16 instructions: keep a second copy of the projections'
     # weights in oneDNN's layout (1.3-1.9x faster projections; costs their size in memory)
     pack_bf16_weights: bool = True
+    # a grammar (structured output) that takes longer to compile fails its request
+    grammar_compile_timeout_s: float = 10.0
     check_invariants: bool = False  # audit the tree after every step (slow; for tests)
 
     def __post_init__(self) -> None:
@@ -69,5 +71,7 @@ class EngineConfig:
             raise ValueError("cascade_min_shared must be >= 1")
         if self.itl_target_ms is not None and not self.itl_target_ms > 0:
             raise ValueError(f"itl_target_ms must be positive, got {self.itl_target_ms}")
+        if not self.grammar_compile_timeout_s > 0:
+            raise ValueError("grammar_compile_timeout_s must be positive")
         if self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be at least one page")

@@ -21,12 +21,14 @@ from radixserve.cache import BlockHashCache, NoPrefixCache, RadixCache
 from radixserve.engine import compute_thread
 from radixserve.engine.chat_format import ChatFormat
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.constrained import ConstrainedDecoding
+from radixserve.engine.grammar import GrammarCompiler
 from radixserve.engine.intake import RequestFactory
 from radixserve.engine.logprobs import record_logprobs
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import Listener, request_output, stream_outputs
-from radixserve.engine.req import Req
+from radixserve.engine.req import Req, ReqState
 from radixserve.engine.req_cache import ReqCacheManager
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
@@ -81,8 +83,12 @@ class Engine:
         rule = None
         if config.cascade_attention:
             rule = self.runner.backend.prefix_group_rule(config.cascade_min_shared)
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.vocab_size, loaded.eos_token_ids, config.grammar_compile_timeout_s
+        )
+        self.constrained = ConstrainedDecoding(self.vocab_size, loaded.eos_token_ids, self.metrics)
         req_cache = ReqCacheManager(self.cache, self.allocator, self.metrics)
-        self.scheduler = Scheduler(config, req_cache, self.metrics, self.stop_checker.check, rule)
+        self.scheduler = Scheduler(config, req_cache, self.metrics, self._check_finished, rule)
         self.sampler = Sampler(config.seed)
         self._cond = threading.Condition()
         self._inbox: list[Callable[[], None]] = []
@@ -101,6 +107,7 @@ class Engine:
     ) -> dict | list[dict]:
         """Run one prompt (a dict back) or a list of them (a list back) to completion."""
         reqs, single = self.requests.make(prompt, sampling_params, input_ids, namespace)
+        self.grammars.bind(reqs)
         outs = [f.result() for f in [self._submit(r) for r in reqs]]
         return outs[0] if single and len(outs) == 1 else outs
 
@@ -109,6 +116,7 @@ class Engine:
     ) -> dict | list:
         """``generate`` for asyncio callers; cancelling it aborts its requests."""
         reqs, single = self.requests.make(prompt, sampling_params, input_ids, namespace, rid)
+        await self.grammars.bind_async(reqs)
         futures = [asyncio.wrap_future(self._submit(r)) for r in reqs]
         try:
             outs = await asyncio.gather(*futures)
@@ -124,10 +132,18 @@ class Engine:
         """Chunks ``{"index", "rid", "text": delta, "token_ids": new ids, "finished"}`` of
         every request as they come (``index`` in ``generate``'s output order: prompt by
         prompt, each prompt's ``n`` samples in turn); a request's last chunk also carries
-        ``meta_info``. Bad input raises here, before anything streams; closing the iterator
-        early aborts what is unfinished."""
+        ``meta_info``. Bad input raises here, before anything streams (a grammar that does
+        not compile, at the first chunk: ``check_grammar`` first to know before); closing the
+        iterator early aborts what is unfinished."""
         reqs, _ = self.requests.make(prompt, sampling_params, input_ids, namespace, rid)
-        return stream_outputs(reqs, self._submit, self.abort, lambda: self._stopping)
+        prepare = functools.partial(self.grammars.bind_async, reqs)
+        return stream_outputs(reqs, self._submit, self.abort, lambda: self._stopping, prepare)
+
+    async def check_grammar(self, sampling_params: SamplingParams) -> None:
+        """Compile the grammar of ``sampling_params`` (kept for the requests that use it);
+        ``ValueError`` with the compiler's reason when it does not compile."""
+        if sampling_params.grammar is not None:
+            await self.grammars.result_async(sampling_params)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
         """Token ids of ``messages`` rendered by the model's chat template."""
@@ -177,6 +193,8 @@ class Engine:
             self._stopping = True
             self._cond.notify()
         self._thread.join()
+        self.grammars.close()
+        self.constrained.close()
         atexit.unregister(self._at_exit)
 
     def __enter__(self) -> Engine:
@@ -272,9 +290,10 @@ class Engine:
             return
         try:
             t_forward = time.perf_counter()
+            masks = self.constrained.start([w.req for w in batch.work if w.samples])
             out = self.runner.forward(batch)
             m.forward_s += time.perf_counter() - t_forward
-            tokens = self.sampler.sample(out.last, out.sampled)
+            tokens = self.sampler.sample(self.constrained.apply(out.last, masks), out.sampled)
             record_logprobs(batch, out, tokens)
             if batch.decode:
                 m.decode_s += time.perf_counter() - t_forward
@@ -302,6 +321,19 @@ class Engine:
                 self._listeners[req.rid](req, False)
         if self.config.check_invariants:
             self.cache.check_invariants(self.scheduler.slots_held)
+
+    def _check_finished(self, req: Req) -> None:
+        """After a sampled token: the grammar advances (and may append forced tokens), then
+        the usual checks; a grammar that has ended finishes its request."""
+        if req.grammar is not None:
+            room = min(
+                req.params.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len
+            )
+            if not self.constrained.advance(req, room):
+                return
+        self.stop_checker.check(req)
+        if req.grammar is not None and not req.finished and self.constrained.done(req):
+            req.finish_reason, req.state = "stop", ReqState.FINISHED
 
     def _finish(self, req: Req) -> None:
         self.stop_checker.finalize(req)

@@ -45,6 +45,11 @@ class EngineMetrics:
     mixed_steps: int = 0  # steps that carried decodes and prefill chunks together
     cascade_groups: int = 0  # prefix groups the attention backend ran
     cascade_saved_tokens: int = 0  # per layer: K/V rows not re-read thanks to them
+    # structured output: seconds filling bitmasks (beside the forward pass) and waiting for
+    # them and applying them (after it); tokens appended by jump-forward
+    grammar_fill_s: float = 0.0
+    grammar_wait_s: float = 0.0
+    jump_forward_tokens: int = 0
     finished_requests: int = 0
     generated_tokens: int = 0
     # seconds per admission lookup since the last cache flush (a property of what is cached)
@@ -86,6 +91,9 @@ class EngineMetrics:
             "mixed_steps": self.mixed_steps,
             "cascade_groups": self.cascade_groups,
             "cascade_saved_tokens": self.cascade_saved_tokens,
+            "grammar_fill_s": self.grammar_fill_s,
+            "grammar_wait_s": self.grammar_wait_s,
+            "jump_forward_tokens": self.jump_forward_tokens,
             "finished_requests": self.finished_requests,
             "generated_tokens": self.generated_tokens,
             "generation_throughput": self.generated_tokens / elapsed,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from radixserve.engine.req import Req
 from radixserve.engine.stop import stable_text
@@ -72,9 +72,13 @@ async def stream_outputs(
     submit: Callable[[Req, Listener], object],
     abort: Callable[[str], None],
     stopping: Callable[[], bool],
+    prepare: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[dict]:
-    """Submit ``reqs`` and yield their chunks as the scheduler thread advances them, through
-    one queue on the caller's loop; closing early aborts the unfinished ones."""
+    """Submit ``reqs`` (after awaiting ``prepare``) and yield their chunks as the scheduler
+    thread advances them, through one queue on the caller's loop; closing early aborts the
+    unfinished ones."""
+    if prepare is not None:
+        await prepare()
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[int, bool]] = asyncio.Queue()
 

@@ -49,6 +49,8 @@ class Req:
     output_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs: dict[int, float] = field(default_factory=dict)
+    # structured output: an xgrammar matcher that has accepted exactly output_ids
+    grammar: object = None
 
     @property
     def seq_len(self) -> int:

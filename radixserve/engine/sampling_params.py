@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
+
+# The ways of constraining the output to a grammar; a request takes at most one.
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "choice", "json_object")
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,16 @@ class SamplingParams:
     return_logprob: bool = False  # log-probabilities of the generated tokens
     top_logprobs_num: int = 0  # with them, the top alternatives at each position
     logprob_start_len: int = -1  # >= 0: also the prompt's tokens from this position on
+    # Structured output (``engine/grammar.py``): the output follows a JSON schema (a dict or
+    # its JSON text), a regular expression, an EBNF grammar (root rule ``root``), one of
+    # the ``choice`` strings, or is any JSON object.
+    json_schema: dict[str, Any] | str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    choice: tuple[str, ...] | None = None
+    json_object: bool = False
+    # text the grammar forces is appended without sampling and computed as one extend
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -47,10 +62,47 @@ class SamplingParams:
             raise ValueError("stop must be non-empty strings")
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self._check_grammar()
+
+    def _check_grammar(self) -> None:
+        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) not in (None, False)]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of {', '.join(given)}")
+        if isinstance(self.json_schema, dict):
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
+        elif isinstance(self.json_schema, str):
+            try:
+                json.loads(self.json_schema)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+        elif self.json_schema is not None:
+            raise ValueError("json_schema must be a dict or its JSON text")
+        for name in ("regex", "ebnf"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string")
+        if self.choice is not None:
+            choice = (self.choice,) if isinstance(self.choice, str) else tuple(self.choice)
+            if not choice or any(not isinstance(c, str) or not c for c in choice):
+                raise ValueError("choice must be a non-empty list of non-empty strings")
+            object.__setattr__(self, "choice", choice)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """``(kind, source)`` of the grammar the output must follow, or None."""
+        for name in GRAMMAR_FIELDS:
+            value = getattr(self, name)
+            if name == "choice" and value is not None:
+                return name, json.dumps(value)
+            if name == "json_object" and value:
+                return name, ""
+            if isinstance(value, str):
+                return name, value
+        return None
 
     @property
     def prompt_logprobs(self) -> bool:

@@ -1,0 +1,109 @@
+"""Constrained decoding, step by step: token bitmasks on the logits of the rows that sample,
+the matcher advanced on each new token, and jump-forward over text the grammar forces.
+
+The bitmasks of a step depend only on tokens already accepted, so they are filled on a
+worker thread while the step's forward pass runs. Jump-forward appends the forced tokens to
+the request's output without sampling them; the scheduler then sees a sequence longer than
+what is computed and runs those tokens as one extend chunk in the next step, instead of one
+decode step each. The tokens are xgrammar's (``find_jump_forward_tokens``), each accepted by
+the matcher in turn, so the model is fed exactly what the grammar accepts.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from radixserve.engine.grammar import xgrammar_module
+from radixserve.engine.metrics import EngineMetrics
+from radixserve.engine.req import Req, ReqState
+
+
+class ConstrainedDecoding:
+    def __init__(self, vocab_size: int, stop_token_ids, metrics: EngineMetrics) -> None:
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(set(stop_token_ids))
+        self.metrics = metrics
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-bitmask")
+        self._batch = None  # xgrammar's batch matcher, built on first use
+        self._probe = None  # one row, to look at what a completed grammar still allows
+        words = (vocab_size + 31) // 32
+        self._not_stop = np.full(words, 0xFFFFFFFF, dtype=np.uint32)  # clears the stop bits
+        for token in self.stop_token_ids:
+            self._not_stop[token // 32] &= ~np.uint32(1 << (token % 32))
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def start(self, sampling: list[Req]) -> Future | None:
+        """Begin filling the bitmasks of ``sampling`` (the rows of the step's logits, in
+        order); None when no row is constrained."""
+        rows = [i for i, r in enumerate(sampling) if r.grammar is not None]
+        if not rows:
+            return None
+        matchers = [sampling[i].grammar for i in rows]
+        return self._pool.submit(self._fill, matchers, len(sampling), rows)
+
+    def apply(self, logits: torch.Tensor, pending: Future | None) -> torch.Tensor:
+        """``logits`` ([rows, vocab]) as float32 with every token the grammars forbid at
+        minus infinity."""
+        if pending is None:
+            return logits
+        t0 = time.perf_counter()
+        bitmask, rows, fill_s = pending.result()
+        self.metrics.grammar_fill_s += fill_s
+        logits = logits.float().contiguous()
+        bitmask = bitmask.to(logits.device, non_blocking=True)
+        xgrammar_module().apply_token_bitmask_inplace(
+            logits, bitmask, vocab_size=self.vocab_size, indices=rows
+        )
+        self.metrics.grammar_wait_s += time.perf_counter() - t0
+        return logits
+
+    def _fill(self, matchers: list, batch: int, rows: list[int]):
+        t0 = time.perf_counter()
+        xgr = xgrammar_module()
+        if self._batch is None:
+            self._batch = xgr.BatchGrammarMatcher(max_threads=1)
+        bitmask = xgr.allocate_token_bitmask(batch, self.vocab_size)
+        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+        return bitmask, rows, time.perf_counter() - t0
+
+    # ---- after a token -------------------------------------------------------------------
+
+    def advance(self, req: Req, room: int) -> bool:
+        """Accept ``req``'s newest token and append up to ``room`` tokens the grammar forces
+        after it; False (the request finished with an error) if the grammar rejects it."""
+        matcher = req.grammar
+        if not matcher.accept_token(req.output_ids[-1]):
+            req.finish_reason = f"error: the grammar rejected token {req.output_ids[-1]}"
+            req.state = ReqState.FINISHED
+            return False
+        if req.params.jump_forward and not req.params.return_logprob and room > 0:
+            forced = []
+            for token in matcher.find_jump_forward_tokens()[:room]:
+                if not matcher.accept_token(token):
+                    break
+                forced.append(token)
+            req.output_ids.extend(forced)
+            self.metrics.jump_forward_tokens += len(forced)
+        return True
+
+    def done(self, req: Req) -> bool:
+        """Whether the grammar has ended: it took its stop token, or what has been accepted
+        is complete and nothing but a stop token may follow."""
+        matcher = req.grammar
+        if matcher.is_terminated():
+            return True
+        if not matcher.is_completed():
+            return False
+        if self._probe is None:
+            self._probe = xgrammar_module().allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(self._probe)
+        allowed = self._probe[0].numpy().view(np.uint32)
+        return not (allowed & self._not_stop).any()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
