@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass
 
 from radixserve.engine import SamplingParams
+from radixserve.server.structured import StructuredFields
 
 TokenId = Annotated[int, Field(ge=0)]
 Text = Annotated[str, Field(min_length=1)]
@@ -37,7 +38,7 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class _OpenAIBase(_Body):
+class _OpenAIBase(StructuredFields):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=0)
     temperature: float = Field(default=1.0, ge=0, le=2)
@@ -57,7 +58,6 @@ class _OpenAIBase(_Body):
     ignore_eos: bool = False
     # OpenAI fields that would change the output and are not implemented
     logit_bias: dict[str, float] | None = Unsupported
-    response_format: dict[str, Any] | None = Unsupported
     tools: list[Any] | None = Unsupported
     tool_choice: Any = Unsupported
     functions: list[Any] | None = Unsupported
@@ -70,10 +70,9 @@ class _OpenAIBase(_Body):
             for name in ("logit_bias", "tools", "tool_choice", "functions", "function_call")
             if getattr(self, name) is not None
         ]
-        if self.response_format not in (None, {"type": "text"}):
-            unsupported.insert(0, "response_format")
         if unsupported:
             raise ValueError(f"not supported by this server: {', '.join(unsupported)}")
+        self.grammar_fields()  # two structured outputs at once fail here
         return self
 
     def sampling(self, max_tokens: int, **extra: Any) -> SamplingParams:
@@ -89,6 +88,7 @@ class _OpenAIBase(_Body):
             stop=self.stop,
             seed=self.seed,
             ignore_eos=self.ignore_eos,
+            **self.grammar_fields(),
             **extra,
         )
 

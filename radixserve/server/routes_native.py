@@ -88,6 +88,7 @@ async def generate(
     source = {"prompt": body.text} if body.text is not None else {"input_ids": body.input_ids}
     ns = namespace(tenant_ns, body.cache_salt)
     if body.stream:
+        await engine.check_grammar(params)
         return sse(
             _finished_seen(
                 request, engine.generate_stream(sampling_params=params, namespace=ns, **source)

@@ -75,6 +75,7 @@ async def completions(
     ns = namespace(tenant_ns, body.cache_salt)
     head = _head(request, "text_completion", "cmpl")
     if body.stream:
+        await engine.check_grammar(params)  # a bad grammar is a 400, not an error event
         chunks = engine.generate_stream(sampling_params=params, namespace=ns, **source)
         include = bool(body.stream_options and body.stream_options.include_usage)
         on_finish = request.app.state.on_finish
@@ -100,6 +101,7 @@ async def chat(
     params = body.sampling(256, n=body.n, return_logprob=body.logprobs, top_logprobs_num=k)
     ns = namespace(tenant_ns, body.cache_salt)
     if body.stream:
+        await engine.check_grammar(params)
         head = _head(request, "chat.completion.chunk", "chatcmpl")
         chunks = engine.generate_stream(input_ids=ids, sampling_params=params, namespace=ns)
         include = bool(body.stream_options and body.stream_options.include_usage)

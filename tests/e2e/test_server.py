@@ -165,7 +165,7 @@ def test_native_and_operational_routes(server):
         ({"prompt": "x", "logit_bias": {"5": 100}}, "not supported by this server: logit_bias"),
         ({"prompt": "x", "suffix": "end"}, "suffix"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
-        ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+        ({"prompt": "x", "response_format": {"type": "structural_tag"}}, "response_format"),
     ],
 )
 def test_bad_requests_get_400_and_the_server_keeps_serving(server, payload, needle):
