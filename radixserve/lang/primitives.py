@@ -23,6 +23,9 @@ GEN_FIELDS = frozenset(
         "stop",
         "ignore_eos",
         "seed",
+        "regex",
+        "json_schema",
+        "choice",
     }
 )
 
@@ -64,8 +67,13 @@ def gen(
     repetition_penalty: float | None = None,
     ignore_eos: bool | None = None,
     seed: int | None = None,
+    regex: str | None = None,
+    json_schema: dict | str | None = None,
+    choices: list[str] | tuple[str, ...] | None = None,
 ) -> Gen:
-    """Generate text at this point of the program; ``s[name]`` reads it back."""
+    """Generate text at this point of the program; ``s[name]`` reads it back. ``regex``,
+    ``json_schema`` or ``choices`` constrain what is generated (``select`` instead scores
+    each choice by its likelihood)."""
     given = {
         "max_new_tokens": max_tokens,
         "stop": stop,
@@ -78,6 +86,9 @@ def gen(
         "repetition_penalty": repetition_penalty,
         "ignore_eos": ignore_eos,
         "seed": seed,
+        "regex": regex,
+        "json_schema": json_schema,
+        "choice": None if choices is None else tuple(choices),
     }
     overrides = {k: v for k, v in given.items() if v is not None}
     SamplingParams(**overrides)  # bad values fail here, where they are written

@@ -263,3 +263,32 @@ def test_default_backend_and_bad_primitives(engine):
         rs.select("x", choices=[])
     with pytest.raises(TypeError):
         rs.user(3.5)
+
+
+def test_gen_constrains_by_regex_schema_and_choices_and_later_calls_see_it(backend):
+    import json
+    import re
+
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["n"],
+    }
+
+    @rs.function
+    def form(s):
+        s += "Code: "
+        s += rs.gen("code", max_tokens=12, regex=r"[A-Z]{2}\d{2}", temperature=1.0)
+        s += "\nData: "
+        s += rs.gen("data", max_tokens=40, json_schema=schema, temperature=1.0)
+        s += "\nColour: "
+        s += rs.gen("colour", max_tokens=8, choices=["red", "blue"])
+        s += "\nWhy: "
+        s += rs.select("why", choices=["because", "so"])
+
+    for seed in range(3):
+        state = form.run(backend=backend, seed=seed)
+        assert re.fullmatch(r"[A-Z]{2}\d{2}", state["code"])
+        assert 0 <= json.loads(state["data"])["n"] <= 99
+        assert state["colour"] in ("red", "blue")
+        assert state.text().endswith(f"Colour: {state['colour']}\nWhy: {state['why']}")
