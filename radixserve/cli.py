@@ -24,6 +24,7 @@ BENCHES = {
     "serve": ("radixserve.bench.serve_bench", "a load check of the HTTP server over loopback"),
     "serving": ("radixserve.bench.serving_bench", "the SGLang paper's workloads, side by side"),
     "lang": ("radixserve.bench.lang_bench", "DSL programs, prefix cache on and off"),
+    "structured": ("radixserve.bench.structured_bench", "JSON extraction: masks, jump-forward"),
     "report": ("radixserve.bench.docs_report", "regenerate docs/benchmarks.md from the JSON"),
 }
 

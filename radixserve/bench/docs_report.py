@@ -96,6 +96,15 @@ SECTIONS = (
         "radixserve.bench.lang_bench",
     ),
     Section(
+        "structured",
+        "Structured output — `radixserve bench structured`",
+        "radixserve bench structured --rounds 3 --json docs/bench_structured.json "
+        "--plot docs/bench_structured.png",
+        "radixserve.bench.structured_bench",
+        "bench_structured.png",
+        wide=True,
+    ),
+    Section(
         "cache",
         "Radix tree operations — `radixserve bench cache`",
         "radixserve bench cache --json docs/bench_cache.json --plot docs/bench_cache.png",

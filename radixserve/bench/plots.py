@@ -153,3 +153,25 @@ def plot_serve_frontier(rows: Sequence[dict], path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_structured_bench(rows: Sequence[dict], path: str | Path) -> None:
+    """Forward passes and seconds per configuration of the JSON-extraction workload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["config"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, key, title in (
+        (axes[0], "steps", "forward passes"),
+        (axes[1], "seconds", "seconds (median round)"),
+    ):
+        ax.bar(labels, [r[key] for r in rows], color=["C0", "C2", "C7"][: len(rows)])
+        ax.set_title(title)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("bench structured: JSON extraction under a shared document")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

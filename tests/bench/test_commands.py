@@ -211,3 +211,20 @@ def test_terminal_tables_fit_80_columns_unless_wide(capsys):
     assert "dedup" not in narrow  # a wide column
     print_tables({"rows": [row]}, TABLES[:1], wide=True)
     assert "dedup" in capsys.readouterr().out
+
+
+def test_bench_structured_command_compares_masks_and_jump_forward(tmp_path, capsys):
+    out, png = tmp_path / "structured.json", tmp_path / "structured.png"
+    args = ["bench", "structured", "--quick", "--model", "tiny", "--json", str(out)]
+    assert main([*args, "--plot", str(png)]) == 0
+    rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"constrained", "jump-forward", "free"}
+    # the free run is held to the constrained run's lengths: the same decode steps
+    assert rows["free"]["output_tokens"] == rows["constrained"]["output_tokens"]
+    assert rows["free"]["steps"] == rows["constrained"]["steps"]
+    assert rows["jump-forward"]["steps"] < rows["constrained"]["steps"]
+    assert rows["jump-forward"]["jumped_tokens"] > 0 and rows["constrained"]["jumped_tokens"] == 0
+    assert rows["free"]["valid"] == 0
+    assert png.stat().st_size > 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80
