@@ -99,13 +99,12 @@ class Scheduler:
     # ---- scheduling ----------------------------------------------------------------------
 
     def schedule(self) -> ScheduleBatch | None:
-        if self.config.mixed_batches:
-            decode = self._schedule_decode()
-            budget = self._budget(decode)
-            work = decode + self._schedule_extend(budget) if self._prefills_wait() else decode
-        else:
-            budget = self._budget([])
-            work = self._schedule_extend(budget) or self._schedule_decode()
+        work, budget = self._plan()
+        while not work and self.running:
+            # Every running request waits on memory the others hold (chunks still to
+            # compute, none decoding to preempt for): the newest gives its memory back.
+            self._preempt(max(self.running, key=lambda r: r.arrival_s))
+            work, budget = self._plan()
         if not work:
             return None
         decodes = sum(w.decode for w in work)
@@ -114,6 +113,16 @@ class Scheduler:
             self.metrics.prefill_budget_tokens = prefill
             self.metrics.mixed_steps += decodes > 0
         return ScheduleBatch(work, self._groups(work))
+
+    def _plan(self) -> tuple[list[Work], PrefillBudget]:
+        if self.config.mixed_batches:
+            decode = self._schedule_decode()
+            budget = self._budget(decode)
+            work = decode + self._schedule_extend(budget) if self._prefills_wait() else decode
+        else:
+            budget = self._budget([])
+            work = self._schedule_extend(budget) or self._schedule_decode()
+        return work, budget
 
     def observe(self, batch: ScheduleBatch, seconds: float) -> None:
         """A step's measured length (scheduling to results), for the ITL target's model."""

@@ -73,3 +73,20 @@ def test_half_precision_picks_transformers_argmax(reference, backend, dtype):
     print(f"{preset} {backend} {dtype}: worst gap to transformers' argmax {worst:.4f}")
     assert worst <= MARGIN[dtype]
     assert stats["hit_tokens"] > 0
+
+
+def test_structured_output_masks_logits_on_the_gpu():
+    import json
+
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+    }
+    with Engine("tiny", device="cuda", attention_backend="torch") as engine:
+        params = [
+            SamplingParams(max_new_tokens=32, temperature=1.0, seed=s, json_schema=schema)
+            for s in range(8)
+        ]
+        for out in engine.generate(["Number:"] * 8, params):
+            assert 0 <= json.loads(out["text"])["n"] <= 9

@@ -177,3 +177,18 @@ def test_masks_are_counted(engine):
     sample(engine, 40, regex=r"[a-z]{5}")
     stats = engine.cache_stats()
     assert stats["grammar_fill_s"] > 0 and stats["grammar_wait_s"] > 0
+
+
+def test_constrained_requests_survive_preemption():
+    # a pool this small preempts; a resumed request's matcher still matches its output
+    with Engine("tiny", page_size=4, max_total_tokens=160, check_invariants=True) as e:
+        params = [
+            SamplingParams(max_new_tokens=60, temperature=1.0, seed=s, json_schema=ORDER)
+            for s in range(8)
+        ]
+        outs = e.generate(["A longer prompt to take some room in the pool: go."] * 8, params)
+        assert e.cache_stats()["preemptions"] > 0
+    stopped = [o for o in outs if o["meta_info"]["finish_reason"]["type"] == "stop"]
+    assert len(stopped) >= len(outs) // 2
+    for out in stopped:
+        jsonschema.validate(json.loads(out["text"]), ORDER)

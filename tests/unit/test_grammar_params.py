@@ -44,3 +44,15 @@ def test_each_grammar_field_names_its_kind(fields, kind):
 def test_bad_grammar_fields_fail_when_built(fields, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**fields)
+
+
+def test_without_xgrammar_a_grammar_is_a_value_error_naming_the_extra(monkeypatch):
+    import sys
+
+    from radixserve.engine.grammar import GrammarCompiler
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # import fails
+    compiler = GrammarCompiler(None, 16, [], timeout_s=1)
+    with pytest.raises(ValueError, match=r"radixserve\[structured\]"):
+        compiler.compile(SamplingParams(regex="a"))
+    compiler.close()
