@@ -21,6 +21,8 @@ SCRIPT = textwrap.dedent(
     greedy = SamplingParams(max_new_tokens=8, temperature=0)
     for engine in (idle, busy):
         engine.generate(input_ids=[[5, 6, 7, 8]] * 3, sampling_params=greedy)
+    # structured output starts the grammar pools, which must stop too
+    idle.generate("x", SamplingParams(max_new_tokens=8, regex="[a-z]{4}"))
     endless = SamplingParams(max_new_tokens=100_000, ignore_eos=True)
     # a request still running when the script ends
     threading.Thread(
