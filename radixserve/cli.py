@@ -54,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         itl_target_ms=args.itl_target_ms,
         enable_prefix_cache=not args.disable_prefix_cache,
         cache_index=args.cache_index,
+        eviction_policy=args.eviction_policy,
         attention_backend=args.attention_backend,
         dtype=args.dtype,
         device=args.device,
@@ -98,6 +99,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--disable-prefix-cache", action="store_true")
     p.add_argument("--cache-index", default="radix", help="radix or block-hash")
+    p.add_argument("--eviction-policy", default="lru", help="lru, or lfu (with aging)")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")

@@ -55,13 +55,16 @@ def check_radix_invariants(cache: RadixCache, slots_held_outside: int = 0) -> No
                 protected += n
             else:
                 evictable += n
-            in_lru = cache._lru.get(node.last_access) is node
+            queued = node in cache.eviction_policy
             is_candidate = node.lock_ref == 0 and not node.children
-            _require(in_lru == is_candidate, f"LRU membership wrong for {node!r}")
+            _require(queued == is_candidate, f"eviction queue membership wrong for {node!r}")
             evictable_leaves += is_candidate
             all_slots.append(node.slots)
 
-    _require(len(cache._lru) == evictable_leaves, "the LRU holds nodes that are not candidates")
+    _require(
+        len(cache.eviction_policy) == evictable_leaves,
+        "the eviction queue holds nodes that are not candidates",
+    )
     _require(evictable == cache.evictable_size, f"evictable {cache.evictable_size} != {evictable}")
     _require(protected == cache.protected_size, f"protected {cache.protected_size} != {protected}")
     total = evictable + protected

@@ -3,11 +3,11 @@
 Each namespace has its own root, so requests in different namespaces never share a node.
 Edges hold a whole number of pages; a node's children are keyed by their first page.
 
-Eviction keeps a persistent ordered map from ``last_access`` tick to node holding exactly
-the unlocked leaves, so the least recently used one pops in O(log n) and a parent joins it
-when its last child goes: there is no rescan of the tree per call. It frees whole pages from
-the leaf's tail, no more than asked: dropping a whole 200-token leaf to make room for one
-page threw away prefixes a block-hash cache, which frees block by block, kept.
+Eviction keeps the unlocked leaves, exactly, in the eviction policy's ordered queue
+(``eviction.py``; LRU by default), so the next victim pops in O(log n) and a parent joins
+the queue when its last child goes: there is no rescan of the tree per call. It frees whole
+pages from the leaf's tail, no more than asked: dropping a whole 200-token leaf to make room
+for one page threw away prefixes a block-hash cache, which frees block by block, kept.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from sortedcontainers import SortedDict
 
 from radixserve.cache.base import (
     BasePrefixCache,
@@ -24,6 +23,7 @@ from radixserve.cache.base import (
     Namespace,
     PrefixMatch,
 )
+from radixserve.cache.eviction import BaseEvictionPolicy, create_eviction_policy
 from radixserve.cache.invariants import check_radix_invariants
 from radixserve.cache.picture import draw_radix
 from radixserve.cache.shared_paths import group_shared_paths
@@ -40,7 +40,8 @@ from radixserve.memory import KVSlotAllocator
 
 
 class RadixCache(BasePrefixCache):
-    """Token-id radix tree over KV slots, with reference-counted locks and LRU eviction.
+    """Token-id radix tree over KV slots, with reference-counted locks and leaf eviction in
+    the order of ``eviction_policy`` (a name, or a policy object such as Belady's).
 
     With an ``allocator`` the tree returns evicted slots to it; without one it runs in
     simulation mode, where slots are plain ints (for scheduling analysis and simulators).
@@ -51,8 +52,12 @@ class RadixCache(BasePrefixCache):
         page_size: int = 1,
         allocator: KVSlotAllocator | None = None,
         native_matcher: bool = True,
+        eviction_policy: str | BaseEvictionPolicy = "lru",
     ) -> None:
         check_page_size(page_size, allocator)
+        if isinstance(eviction_policy, str):
+            eviction_policy = create_eviction_policy(eviction_policy)
+        self.eviction_policy = eviction_policy
         self.page_size = page_size
         self.allocator = allocator
         self._page_bytes = page_size * TOKEN_BYTES
@@ -73,7 +78,7 @@ class RadixCache(BasePrefixCache):
 
     @property
     def num_evictable_leaves(self) -> int:
-        return len(self._lru)
+        return len(self._queue)
 
     def stats(self) -> CacheStats:
         return CacheStats(
@@ -131,12 +136,13 @@ class RadixCache(BasePrefixCache):
         if matched < end:
             parent = path[-1] if path else root
             if self._is_evictable_leaf(parent):
-                del self._lru[parent.last_access]
+                self._queue.remove(parent)
             leaf = TreeNode(key[matched:end], new_slots.copy(), parent, namespace)
             parent.children[leaf.key[: self._page_bytes]] = leaf
             self._touch(path)
             leaf.last_access = self._tick()
-            self._lru[leaf.last_access] = leaf
+            leaf.hits = 1
+            self._queue.add(leaf)
             self._evictable_size += leaf.num_tokens
             self._inserted_tokens += leaf.num_tokens
             path.append(leaf)
@@ -153,7 +159,7 @@ class RadixCache(BasePrefixCache):
                 self._evictable_size -= node.num_tokens
                 self._protected_size += node.num_tokens
                 if not node.children:
-                    del self._lru[node.last_access]
+                    self._queue.remove(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -168,7 +174,7 @@ class RadixCache(BasePrefixCache):
                 self._evictable_size += node.num_tokens
                 self._protected_size -= node.num_tokens
                 if not node.children:
-                    self._lru[node.last_access] = node
+                    self._queue.add(node)
             node = node.parent
 
     # ---- eviction ------------------------------------------------------------------------
@@ -176,14 +182,14 @@ class RadixCache(BasePrefixCache):
     def evict(self, num_tokens: int) -> int:
         freed = 0
         freed_slots = []
-        while freed < num_tokens and self._lru:
-            _, leaf = self._lru.popitem(0)
+        while freed < num_tokens and self._queue:
+            leaf = self._queue.pop()
             short = -(-(num_tokens - freed) // self.page_size) * self.page_size
             if short < leaf.num_tokens:
-                # Only the leaf's tail goes: its head stays cached and is still the least
-                # recently used leaf. Splitting keeps handles to the tail marked evicted.
+                # Only the leaf's tail goes: its head stays cached, with the leaf's record of
+                # use. Splitting keeps handles to the tail marked evicted.
                 upper = self._split(leaf, (leaf.num_tokens - short) * TOKEN_BYTES)
-                upper.last_access = leaf.last_access
+                upper.last_access, upper.hits = leaf.last_access, leaf.hits
             parent = leaf.parent
             del parent.children[leaf.key[: self._page_bytes]]
             leaf.evicted = True
@@ -191,7 +197,7 @@ class RadixCache(BasePrefixCache):
             freed_slots.append(leaf.slots)
             if parent.parent is not None:
                 if not parent.children and parent.lock_ref == 0:
-                    self._lru[parent.last_access] = parent
+                    self._queue.add(parent)
             elif not parent.children:
                 del self._roots[parent.namespace]
         self._evictable_size -= freed
@@ -216,7 +222,8 @@ class RadixCache(BasePrefixCache):
         self._roots: dict[Namespace, TreeNode] = {}
         # A miss in a namespace with no root yet returns this; locking it is a no-op.
         self._detached_root = TreeNode(b"", EMPTY_SLOTS, None, None)
-        self._lru: SortedDict = SortedDict()  # last_access -> unlocked leaf
+        self._queue = self.eviction_policy  # exactly the unlocked leaves
+        self._queue.clear()
         self._clock = 0
         self._evictable_size = 0
         self._protected_size = 0
@@ -323,12 +330,16 @@ class RadixCache(BasePrefixCache):
         for node in path[:-1]:
             self._clock += 1
             node.last_access = self._clock
+            node.hits += 1
         last = path[-1]
+        queued = self._is_evictable_leaf(last)
+        if queued:
+            self._queue.remove(last)
         self._clock += 1
-        if self._is_evictable_leaf(last):
-            del self._lru[last.last_access]
-            self._lru[self._clock] = last
         last.last_access = self._clock
+        last.hits += 1
+        if queued:
+            self._queue.add(last)
 
     def _path_match(self, path: list[TreeNode], namespace: Namespace) -> PrefixMatch:
         if not path:

@@ -14,12 +14,16 @@ class TreeNode:
     their KV slots, one per token. ``children`` is keyed by the first page of each child's
     key, so two children never share a first page. ``lock_ref`` counts the users of every
     path that runs through this node; a parent's count is never below a child's.
-    ``last_access`` is a tick of the tree's clock, unique among nodes, used as LRU key.
+    ``last_access`` is a tick of the tree's clock, unique among nodes; ``hits`` counts the
+    node's uses; ``evict_key`` is its place in the eviction policy's queue (see
+    ``eviction.py``) while it is a candidate.
     """
 
     __slots__ = (
         "children",
+        "evict_key",
         "evicted",
+        "hits",
         "key",
         "last_access",
         "lock_ref",
@@ -44,6 +48,8 @@ class TreeNode:
         self.lock_ref = 0
         self.last_access = last_access
         self.evicted = False
+        self.hits = 0
+        self.evict_key: tuple | None = None
 
     @property
     def num_tokens(self) -> int:

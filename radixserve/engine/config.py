@@ -7,6 +7,7 @@ from dataclasses import dataclass
 POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
 DTYPES = ("float32", "bfloat16", "float16")
 CACHE_INDEXES = ("radix", "block-hash")
+EVICTION_POLICIES = ("lru", "lfu")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class EngineConfig:
     itl_target_ms: float | None = None
     enable_prefix_cache: bool = True
     cache_index: str = "radix"  # or "block-hash": vLLM's way, kept for comparison
+    # which unlocked leaf the tree evicts first: "lru", or "lfu" (with aging)
+    eviction_policy: str = "lru"
     attention_backend: str = "auto"
     # requests sharing a tree path attend over it once (backends that support it: native),
     # when they share at least cascade_min_shared tokens (below that the merge costs about
@@ -55,6 +58,13 @@ class EngineConfig:
             raise ValueError(
                 f"unknown cache_index {self.cache_index!r}; choose one of {CACHE_INDEXES}"
             )
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"unknown eviction_policy {self.eviction_policy!r}; "
+                f"choose one of {EVICTION_POLICIES}"
+            )
+        if self.cache_index == "block-hash" and self.eviction_policy != "lru":
+            raise ValueError("the block-hash index evicts in LRU order only")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")
         if self.page_size < 1:

@@ -73,9 +73,14 @@ class Engine:
         self.vocab_size = loaded.config.vocab_size
         self.context_len = loaded.config.context_len
         self.allocator = KVSlotAllocator(self.runner.num_slots, config.page_size)
-        index = {"radix": RadixCache, "block-hash": BlockHashCache}[config.cache_index]
-        cache_cls = index if config.enable_prefix_cache else NoPrefixCache
-        self.cache = cache_cls(config.page_size, self.allocator)
+        if not config.enable_prefix_cache:
+            self.cache = NoPrefixCache(config.page_size, self.allocator)
+        elif config.cache_index == "block-hash":
+            self.cache = BlockHashCache(config.page_size, self.allocator)
+        else:
+            self.cache = RadixCache(
+                config.page_size, self.allocator, eviction_policy=config.eviction_policy
+            )
         self.metrics = EngineMetrics()
         self.stop_checker = StopChecker(self.tokenizer, loaded.eos_token_ids, self.context_len)
         limit = min(self.context_len, self.allocator.capacity - config.page_size)

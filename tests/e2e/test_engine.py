@@ -53,13 +53,17 @@ def test_native_attention_with_cascade_equals_transformers(reference, page_size)
         ("fcfs", 1, 4096, 2048, False),
         ("dfs-weight", 16, 160, 2048, True),
         ("block-hash", 16, 160, 32, True),
+        ("lfu", 16, 160, 32, True),  # LPM scheduling, LFU eviction
     ],
 )
 def test_pressure_policies_and_chunking_do_not_change_outputs(
     reference, policy, page_size, pool, chunk, preempts
 ):
     index = "block-hash" if policy == "block-hash" else "radix"
+    eviction = "lfu" if policy == "lfu" else "lru"
+    policy = "lpm" if policy == "lfu" else policy
     outs, stats = run(
+        eviction_policy=eviction,
         page_size=page_size,
         schedule_policy="fcfs" if index == "block-hash" else policy,
         cache_index=index,

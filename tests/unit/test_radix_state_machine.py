@@ -6,6 +6,8 @@ sequences, page-aligned, with first-insert-wins slots. For the block-hash index 
 from (block hash, offset) to slot, with the hash chain computed here from the tokens.
 """
 
+import functools
+
 import hypothesis.strategies as st
 import numpy as np
 from hypothesis import HealthCheck, settings
@@ -168,6 +170,16 @@ RadixCacheMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestRadixCacheMachine = RadixCacheMachine.TestCase
+
+
+class LFURadixCacheMachine(RadixCacheMachine):
+    """The same tree with LFU eviction: a different order, the same rules."""
+
+    make_cache = functools.partial(RadixCache, eviction_policy="lfu")
+
+
+LFURadixCacheMachine.TestCase.settings = RadixCacheMachine.TestCase.settings
+TestLFURadixCacheMachine = LFURadixCacheMachine.TestCase
 
 
 class BlockHashCacheMachine(RadixCacheMachine):
