@@ -16,6 +16,7 @@ from pathlib import Path
 # name: (module, help)
 COMMANDS = {
     "demo": ("radixserve.bench.demo", "a chat workload served with the prefix cache on and off"),
+    "simulate": ("radixserve.sim.simulate", "replay a trace: KV capacity, hit rate, eviction"),
 }
 BENCHES = {
     "cache": ("radixserve.bench.cache_bench", "match/insert/evict latency of the radix tree"),

@@ -1,0 +1,149 @@
+"""Replaying a trace through the real prefix cache, with no model: what hit rate a KV budget
+buys under each eviction policy, beside the trace's optimal (an unlimited cache).
+
+The tree runs in simulation mode with one token per page (the page ids of ``trace.py``), so
+a replay costs per edge walked, not per token. Each request is served as the engine serves
+one: match and lock its prompt, make room (evicting), insert prompt and output (all but the
+last output token, whose K/V no pass computes), unlock. Outputs get page ids of their own:
+no later prompt names them, so they take room and never hit. The last prompt token is
+computed whatever is cached (its logits give the first output token), so a hit stops a page
+before it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from radixserve.cache import BlockHashCache, RadixCache
+from radixserve.cache.eviction import BeladyEviction, create_eviction_policy
+from radixserve.sim.trace import TraceRequest
+
+INDEXES = ("radix", "block-hash")
+POLICIES = ("lru", "lfu", "belady")
+
+
+def cacheable_pages(req: TraceRequest, page_size: int) -> int:
+    """Prompt pages a hit may cover: all but the page holding the last prompt token."""
+    return min(len(req.pages), (req.input_length - 1) // page_size)
+
+
+def optimal(requests: Sequence[TraceRequest], page_size: int) -> dict:
+    """Hits with room for everything: each prompt's longest prefix seen before."""
+    seen: set[int] = set()
+    hit_tokens = hit_requests = prompt = 0
+    for req in requests:
+        pages, usable = req.pages.tolist(), cacheable_pages(req, page_size)
+        hit = 0
+        while hit < usable and pages[hit] in seen:
+            hit += 1
+        seen.update(pages)
+        hit_tokens += hit * page_size
+        hit_requests += hit > 0
+        prompt += req.input_length
+    return _summary(hit_tokens, hit_requests, prompt, len(requests))
+
+
+class FutureUses:
+    """When each page is next needed after a given request, for Belady's rule: one sorted
+    array of ``page * n + request`` keys over every prompt page of the trace."""
+
+    def __init__(self, requests: Sequence[TraceRequest]) -> None:
+        self.n = len(requests)
+        parts = [r.pages * self.n + i for i, r in enumerate(requests) if len(r.pages)]
+        self.keys = np.sort(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+
+    def after(self, page: int, now: int) -> float:
+        at = int(np.searchsorted(self.keys, page * self.n + now + 1))
+        if at < len(self.keys) and self.keys[at] // self.n == page:
+            return float(self.keys[at] % self.n)
+        return math.inf
+
+
+def replay(
+    requests: Sequence[TraceRequest],
+    page_size: int,
+    capacity_tokens: int,
+    policy: str = "lru",
+    index: str = "radix",
+    future: FutureUses | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """One policy at one capacity; ``future`` is required for ``belady`` (build it once per
+    trace); ``progress(n)`` is told every 1,000 requests."""
+    capacity = capacity_tokens // page_size  # in pages: the tree's tokens
+    if capacity < 1:
+        raise ValueError(f"capacity_tokens {capacity_tokens} holds no page of {page_size}")
+    now = 0
+    if index == "block-hash":
+        if policy != "lru":
+            raise ValueError("the block-hash index evicts in LRU order only")
+        cache = BlockHashCache(1)
+    elif policy == "belady":
+        if future is None:
+            raise ValueError("belady needs the trace's future uses")
+        # a leaf's slots are its page ids (simulation mode): its tail page is the last one
+        cache = RadixCache(
+            1, eviction_policy=BeladyEviction(lambda node: future.after(int(node.slots[-1]), now))
+        )
+    else:
+        cache = RadixCache(1, eviction_policy=create_eviction_policy(policy))
+    fresh = 1 + max((int(r.pages.max()) for r in requests if len(r.pages)), default=0)
+    hit_tokens = hit_requests = prompt = 0
+    for now, req in enumerate(requests):
+        total = (req.input_length + max(req.output_length - 1, 0)) // page_size
+        extra = max(total - len(req.pages), 0)
+        seq = np.concatenate([req.pages, np.arange(fresh, fresh + extra)])
+        fresh += extra
+        match = cache.match_prefix(seq)
+        cache.lock(match.node)
+        room = cache.total_size + len(seq) - match.length - capacity
+        if room > 0:
+            cache.evict(room)
+        cache.insert(seq, seq)
+        cache.unlock(match.node)
+        if cache.total_size > capacity:  # the request alone was larger than the budget
+            cache.evict(cache.total_size - capacity)
+        hit = min(match.length, cacheable_pages(req, page_size))
+        hit_tokens += hit * page_size
+        hit_requests += hit > 0
+        prompt += req.input_length
+        if progress is not None and (now + 1) % 1000 == 0:
+            progress(1000)
+    if progress is not None:
+        progress(len(requests) % 1000)
+    return {
+        "policy": policy,
+        "index": index,
+        "capacity_tokens": capacity_tokens,
+        "page_size": page_size,
+        **_summary(hit_tokens, hit_requests, prompt, len(requests)),
+        "evictions": cache.stats().evicted_tokens * page_size,
+    }
+
+
+def capacity_for(rows: Sequence[dict], optimal_rate: float, shares=(0.9, 0.95, 0.99)) -> dict:
+    """Per policy and index, the smallest capacity replayed that reaches each share of the
+    optimal token hit rate (None: none of them did)."""
+    out: dict[str, dict] = {}
+    for row in sorted(rows, key=lambda r: r["capacity_tokens"]):
+        label = _label(row)
+        entry = out.setdefault(label, {f"{s:.0%}": None for s in shares})
+        for s in shares:
+            if entry[f"{s:.0%}"] is None and row["token_hit_rate"] >= s * optimal_rate:
+                entry[f"{s:.0%}"] = row["capacity_tokens"]
+    return out
+
+
+def _label(row: dict) -> str:
+    return row["policy"] if row["index"] == "radix" else f"{row['policy']} ({row['index']})"
+
+
+def _summary(hit_tokens: int, hit_requests: int, prompt: int, requests: int) -> dict:
+    return {
+        "token_hit_rate": hit_tokens / prompt if prompt else 0.0,
+        "request_hit_rate": hit_requests / requests if requests else 0.0,
+        "prefill_tokens_saved": hit_tokens,
+    }

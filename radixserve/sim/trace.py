@@ -1,0 +1,100 @@
+"""Request traces for the simulator, read as chains of page ids.
+
+Two JSONL formats, one request per line:
+
+- **Mooncake's** published trace: ``timestamp``, ``input_length``, ``output_length``,
+  ``hash_ids`` — one id per block of ``block_size`` tokens (512 in theirs), the same id at
+  the same place meaning the same prefix through that block.
+- **radixserve's**: ``timestamp``, ``input_ids`` (token ids) *or* ``hash_ids`` (as
+  Mooncake's, with ``block_size``), ``output_length``, optional ``namespace`` (and
+  ``input_length`` beside ``hash_ids``). ``Engine(record_trace=...)`` writes this format.
+
+Each request becomes the ids of its prompt's whole pages of ``page_size`` tokens, each id
+standing for the page *and everything before it* (so ids compare like tree paths), plus its
+lengths. The simulator's tree holds page ids as its tokens, one per page; a trace that
+mixes the two forms would give one chain two ids, so a file holds one form.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FORMATS = ("auto", "mooncake", "radixserve")
+
+
+@dataclass(frozen=True, eq=False)
+class TraceRequest:
+    timestamp: float
+    pages: np.ndarray  # int64 ids of the prompt's whole pages, each naming its prefix too
+    input_length: int
+    output_length: int
+
+
+class ChainIds:
+    """Dense ids for chains: the same (chain before, namespace, content) always gets the
+    same id, and nothing else does."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple, int] = {}
+
+    def __call__(self, parent: int, namespace: object, content: object) -> int:
+        key = (parent, namespace, content)
+        found = self._ids.get(key)
+        if found is None:
+            found = self._ids[key] = len(self._ids)
+        return found
+
+
+def read_trace(
+    path: str | Path, page_size: int, block_size: int = 512, fmt: str = "auto"
+) -> list[TraceRequest]:
+    """The requests of a trace file, in arrival order."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown trace format {fmt!r}; choose one of {FORMATS}")
+    if page_size < 1 or block_size < 1 or block_size % page_size:
+        raise ValueError("block_size must be a whole number of pages (page_size >= 1)")
+    ids = ChainIds()
+    out = [to_request(row, ids, page_size, block_size, fmt) for row in _rows(Path(path))]
+    return sorted(out, key=lambda r: r.timestamp)
+
+
+def _rows(path: Path) -> Iterator[dict]:
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
+
+
+def to_request(
+    row: dict, ids: ChainIds, page_size: int, block_size: int, fmt: str = "auto"
+) -> TraceRequest:
+    namespace = row.get("namespace")
+    if fmt == "mooncake" or (fmt == "auto" and "input_ids" not in row):
+        if "hash_ids" not in row or "input_length" not in row:
+            raise ValueError(f"a hash-id row needs hash_ids and input_length: {row}")
+        length = int(row["input_length"])
+        # page j of the block chain c is c * per_block + j
+        per_block, parent, chains = block_size // page_size, -1, []
+        for h in row["hash_ids"]:
+            parent = ids(parent, namespace, h)
+            chains.append(parent)
+        grid = np.asarray(chains, dtype=np.int64)[:, None] * per_block + np.arange(per_block)
+        pages = grid.reshape(-1)[: length // page_size]
+    else:
+        tokens = row["input_ids"]
+        length = len(tokens)
+        chain, parent = [], -1
+        for start in range(0, length - length % page_size, page_size):
+            parent = ids(parent, namespace, tuple(tokens[start : start + page_size]))
+            chain.append(parent)
+        pages = np.asarray(chain, dtype=np.int64)
+    output = int(row.get("output_length", 0))
+    return TraceRequest(float(row.get("timestamp", 0)), pages, length, output)
