@@ -56,6 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
         enable_prefix_cache=not args.disable_prefix_cache,
         cache_index=args.cache_index,
         eviction_policy=args.eviction_policy,
+        record_trace=args.record_trace,
         attention_backend=args.attention_backend,
         dtype=args.dtype,
         device=args.device,
@@ -101,6 +102,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-prefix-cache", action="store_true")
     p.add_argument("--cache-index", default="radix", help="radix or block-hash")
     p.add_argument("--eviction-policy", default="lru", help="lru, or lfu (with aging)")
+    p.add_argument("--record-trace", default=None, help="write served requests here for `simulate`")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu")

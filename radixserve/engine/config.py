@@ -45,6 +45,9 @@ class EngineConfig:
     # bfloat16 on a CPU with bfloat16 instructions: keep a second copy of the projections'
     # weights in oneDNN's layout (1.3-1.9x faster projections; costs their size in memory)
     pack_bf16_weights: bool = True
+    # write every finished request to this file as a trace (hashed pages, no tokens) for
+    # ``radixserve simulate``
+    record_trace: str | None = None
     # a grammar (structured output) that takes longer to compile fails its request
     grammar_compile_timeout_s: float = 10.0
     check_invariants: bool = False  # audit the tree after every step (slow; for tests)

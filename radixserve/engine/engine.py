@@ -34,6 +34,7 @@ from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import Scheduler
 from radixserve.engine.stop import StopChecker
+from radixserve.engine.trace_recorder import TraceRecorder
 from radixserve.memory import KVSlotAllocator
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,9 @@ class Engine:
         req_cache = ReqCacheManager(self.cache, self.allocator, self.metrics)
         self.scheduler = Scheduler(config, req_cache, self.metrics, self._check_finished, rule)
         self.sampler = Sampler(config.seed)
+        self.recorder = None
+        if config.record_trace is not None:
+            self.recorder = TraceRecorder(config.record_trace, config.page_size)
         self._cond = threading.Condition()
         self._inbox: list[Callable[[], None]] = []
         self._reqs: dict[str, Req] = {}
@@ -200,6 +204,8 @@ class Engine:
         self._thread.join()
         self.grammars.close()
         self.constrained.close()
+        if self.recorder is not None:
+            self.recorder.close()
         atexit.unregister(self._at_exit)
 
     def __enter__(self) -> Engine:
@@ -346,6 +352,8 @@ class Engine:
         ttft = None if req.first_token_s is None else req.first_token_s - req.arrival_s
         self.metrics.finished(len(req.output_ids), ttft, req.finish_s - req.arrival_s)
         self.sampler.forget(req)
+        if self.recorder is not None:
+            self.recorder.record(req)
         listener = self._listeners.pop(req.rid, None)
         self._reqs.pop(req.rid, None)
         if listener is not None:

@@ -4,8 +4,9 @@ buys under each eviction policy, beside the trace's optimal (an unlimited cache)
 The tree runs in simulation mode with one token per page (the page ids of ``trace.py``), so
 a replay costs per edge walked, not per token. Each request is served as the engine serves
 one: match and lock its prompt, make room (evicting), insert prompt and output (all but the
-last output token, whose K/V no pass computes), unlock. Outputs get page ids of their own:
-no later prompt names them, so they take room and never hit. The last prompt token is
+last output token, whose K/V no pass computes), unlock. Outputs get page ids of their own
+(no later prompt names them, so they take room and never hit) unless the trace recorded
+them. The last prompt token is
 computed whatever is cached (its logits give the first output token), so a hit stops a page
 before it.
 """
@@ -90,13 +91,16 @@ def replay(
         )
     else:
         cache = RadixCache(1, eviction_policy=create_eviction_policy(policy))
-    fresh = 1 + max((int(r.pages.max()) for r in requests if len(r.pages)), default=0)
+    named = [p for r in requests for p in (r.pages, r.output_pages) if p is not None and len(p)]
+    fresh = 1 + max((int(p.max()) for p in named), default=0)
     hit_tokens = hit_requests = prompt = 0
     for now, req in enumerate(requests):
-        total = (req.input_length + max(req.output_length - 1, 0)) // page_size
-        extra = max(total - len(req.pages), 0)
-        seq = np.concatenate([req.pages, np.arange(fresh, fresh + extra)])
-        fresh += extra
+        tail = req.output_pages
+        if tail is None:
+            total = (req.input_length + max(req.output_length - 1, 0)) // page_size
+            extra = max(total - len(req.pages), 0)
+            tail, fresh = np.arange(fresh, fresh + extra), fresh + extra
+        seq = np.concatenate([req.pages, tail])
         match = cache.match_prefix(seq)
         cache.lock(match.node)
         room = cache.total_size + len(seq) - match.length - capacity

@@ -33,6 +33,9 @@ class TraceRequest:
     pages: np.ndarray  # int64 ids of the prompt's whole pages, each naming its prefix too
     input_length: int
     output_length: int
+    # recorded traces: the pages the engine cached past the prompt (None: the output's
+    # pages are new ones no prompt names)
+    output_pages: np.ndarray | None = None
 
 
 class ChainIds:
@@ -77,17 +80,24 @@ def to_request(
     row: dict, ids: ChainIds, page_size: int, block_size: int, fmt: str = "auto"
 ) -> TraceRequest:
     namespace = row.get("namespace")
+    output_pages = None
     if fmt == "mooncake" or (fmt == "auto" and "input_ids" not in row):
         if "hash_ids" not in row or "input_length" not in row:
             raise ValueError(f"a hash-id row needs hash_ids and input_length: {row}")
         length = int(row["input_length"])
+        block = int(row.get("block_size", block_size))
+        if block % page_size:
+            raise ValueError(f"block_size {block} is not a whole number of pages")
         # page j of the block chain c is c * per_block + j
-        per_block, parent, chains = block_size // page_size, -1, []
-        for h in row["hash_ids"]:
+        per_block, parent, chains = block // page_size, -1, []
+        for h in [*row["hash_ids"], *row.get("output_hash_ids", ())]:
             parent = ids(parent, namespace, h)
             chains.append(parent)
         grid = np.asarray(chains, dtype=np.int64)[:, None] * per_block + np.arange(per_block)
-        pages = grid.reshape(-1)[: length // page_size]
+        every = grid.reshape(-1)
+        pages = every[: length // page_size]
+        if "output_hash_ids" in row:
+            output_pages = every[length // page_size :]
     else:
         tokens = row["input_ids"]
         length = len(tokens)
@@ -97,4 +107,4 @@ def to_request(
             chain.append(parent)
         pages = np.asarray(chain, dtype=np.int64)
     output = int(row.get("output_length", 0))
-    return TraceRequest(float(row.get("timestamp", 0)), pages, length, output)
+    return TraceRequest(float(row.get("timestamp", 0)), pages, length, output, output_pages)
