@@ -105,6 +105,17 @@ SECTIONS = (
         wide=True,
     ),
     Section(
+        "simulate",
+        "Sizing the cache offline — `radixserve simulate`",
+        "python tools/synthetic_trace.py --requests 20000 --out trace.jsonl && "
+        "radixserve simulate trace.jsonl --page-size 16 --capacity-tokens 50000 100000 "
+        "200000 400000 800000 1600000 --policy lru lfu belady "
+        "--json docs/bench_simulate.json --plot docs/bench_simulate.png",
+        "radixserve.sim.simulate",
+        "bench_simulate.png",
+        wide=True,
+    ),
+    Section(
         "cache",
         "Radix tree operations — `radixserve bench cache`",
         "radixserve bench cache --json docs/bench_cache.json --plot docs/bench_cache.png",

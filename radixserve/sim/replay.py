@@ -133,16 +133,16 @@ def capacity_for(rows: Sequence[dict], optimal_rate: float, shares=(0.9, 0.95, 0
     optimal token hit rate (None: none of them did)."""
     out: dict[str, dict] = {}
     for row in sorted(rows, key=lambda r: r["capacity_tokens"]):
-        label = _label(row)
-        entry = out.setdefault(label, {f"{s:.0%}": None for s in shares})
+        entry = out.setdefault(label(row), {f"{s:.0%}": None for s in shares})
         for s in shares:
             if entry[f"{s:.0%}"] is None and row["token_hit_rate"] >= s * optimal_rate:
                 entry[f"{s:.0%}"] = row["capacity_tokens"]
     return out
 
 
-def _label(row: dict) -> str:
-    return row["policy"] if row["index"] == "radix" else f"{row['policy']} ({row['index']})"
+def label(row: dict) -> str:
+    """A row's policy, with its index when that is not the radix tree."""
+    return row["policy"] if row["index"] == "radix" else f"{row['policy']}+{row['index']}"
 
 
 def _summary(hit_tokens: int, hit_requests: int, prompt: int, requests: int) -> dict:

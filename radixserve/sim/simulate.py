@@ -7,11 +7,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
-from radixserve.sim.replay import INDEXES, POLICIES, FutureUses, capacity_for, optimal, replay
+from radixserve.bench.report import Column, TableSpec, pct, print_tables, write_json
+from radixserve.sim.replay import (
+    INDEXES,
+    POLICIES,
+    FutureUses,
+    capacity_for,
+    label,
+    optimal,
+    replay,
+)
 from radixserve.sim.trace import FORMATS, read_trace
 
 
@@ -27,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", nargs="+", default=["radix"], choices=INDEXES)
     p.add_argument("--json", help="write {optimal, rows, capacity_for} here")
     p.add_argument("--plot", help="write hit rate against capacity here (PNG)")
+    p.add_argument("--wide", action="store_true", help="every column, past 80 characters")
 
 
 def simulate(args: argparse.Namespace) -> dict:
@@ -60,39 +68,47 @@ def simulate(args: argparse.Namespace) -> dict:
                 )
             )
     best = optimal(requests, args.page_size)
+    for row in rows:
+        row["label"] = label(row)
+        row["of_optimal"] = row["token_hit_rate"] / best["token_hit_rate"] if best else None
+    needed = capacity_for(rows, best["token_hit_rate"])
     return {
         "optimal": best,
         "requests": len(requests),
         "rows": rows,
-        "capacity_for": capacity_for(rows, best["token_hit_rate"]),
+        "capacity_for": needed,
+        "needed": [{"label": k, **v} for k, v in needed.items()],
     }
 
 
-def print_result(result: dict) -> None:
-    console = Console(width=80)
-    best = result["optimal"]["token_hit_rate"]
-    table = Table(title=f"{result['requests']:,} requests; optimal token hit rate {best:.1%}")
-    for header in ("policy", "capacity", "token hit", "of optimal", "request hit", "evicted"):
-        table.add_column(header, justify="right")
-    for r in result["rows"]:
-        label = r["policy"] if r["index"] == "radix" else f"{r['policy']} ({r['index']})"
-        table.add_row(
-            label,
-            f"{r['capacity_tokens']:,}",
-            f"{r['token_hit_rate']:.1%}",
-            f"{r['token_hit_rate'] / best:.1%}" if best else "",
-            f"{r['request_hit_rate']:.1%}",
-            f"{r['evictions']:,}",
-        )
-    console.print(table)
-    needed = Table(title="smallest capacity replayed reaching a share of the optimal")
-    needed.add_column("policy", justify="right")
-    shares = next(iter(result["capacity_for"].values()), {})
-    for share in shares:
-        needed.add_column(share, justify="right")
-    for label, entry in result["capacity_for"].items():
-        needed.add_row(label, *("-" if v is None else f"{v:,}" for v in entry.values()))
-    console.print(needed)
+def _capacity(v: object) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+TABLES = (
+    TableSpec(
+        "rows",
+        "token hit rate by policy and KV capacity",
+        (
+            Column("label", "policy"),
+            Column("capacity_tokens", "capacity"),
+            Column("token_hit_rate", "token hit", pct),
+            Column("of_optimal", "of optimal", pct),
+            Column("request_hit_rate", "request hit", pct),
+            Column("evictions", "evicted", wide=True),
+        ),
+    ),
+    TableSpec(
+        "needed",
+        "smallest capacity replayed reaching a share of the optimal",
+        (
+            Column("label", "policy"),
+            Column("90%", "90%", _capacity),
+            Column("95%", "95%", _capacity),
+            Column("99%", "99%", _capacity),
+        ),
+    ),
+)
 
 
 def plot(result: dict, path: str) -> None:
@@ -104,14 +120,13 @@ def plot(result: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     lines: dict[str, list[dict]] = {}
     for r in result["rows"]:
-        label = r["policy"] if r["index"] == "radix" else f"{r['policy']} ({r['index']})"
-        lines.setdefault(label, []).append(r)
-    for label, rows in lines.items():
+        lines.setdefault(r["label"], []).append(r)
+    for name, rows in lines.items():
         ax.plot(
             [r["capacity_tokens"] for r in rows],
             [r["token_hit_rate"] for r in rows],
             marker="o",
-            label=label,
+            label=name,
         )
     ax.axhline(result["optimal"]["token_hit_rate"], color="k", ls="--", label="optimal")
     ax.set_xscale("log")
@@ -126,12 +141,12 @@ def plot(result: dict, path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     result = simulate(args)
-    print_result(result)
+    best = result["optimal"]["token_hit_rate"]
+    print(f"{result['requests']:,} requests; the optimal token hit rate is {best:.1%}")
+    print_tables(result, TABLES, args.wide)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
     if args.plot:
         try:
             plot(result, args.plot)
