@@ -13,6 +13,18 @@ from radixserve.cache.null import NoPrefixCache
 from radixserve.cache.radix import RadixCache
 from radixserve.cache.tokens import encode_tokens
 
+
+def create_prefix_cache(index: str, page_size: int, allocator, eviction_policy: str = "lru"):
+    """``index``: ``radix`` (with ``eviction_policy``), ``block-hash`` (LRU), or ``off``."""
+    if index == "off":
+        return NoPrefixCache(page_size, allocator)
+    if index == "block-hash":
+        return BlockHashCache(page_size, allocator)
+    if index == "radix":
+        return RadixCache(page_size, allocator, eviction_policy=eviction_policy)
+    raise ValueError(f"unknown prefix cache index {index!r}")
+
+
 __all__ = [
     "BasePrefixCache",
     "BlockHashCache",
@@ -23,5 +35,6 @@ __all__ = [
     "NoPrefixCache",
     "PrefixMatch",
     "RadixCache",
+    "create_prefix_cache",
     "encode_tokens",
 ]

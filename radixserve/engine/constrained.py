@@ -12,6 +12,7 @@ the matcher in turn, so the model is fed exactly what the grammar accepts.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -20,6 +21,7 @@ import torch
 from radixserve.engine.grammar import xgrammar_module
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.req import Req, ReqState
+from radixserve.engine.stop import StopChecker
 
 
 class ConstrainedDecoding:
@@ -104,6 +106,24 @@ class ConstrainedDecoding:
         matcher.fill_next_token_bitmask(self._probe)
         allowed = self._probe[0].numpy().view(np.uint32)
         return not (allowed & self._not_stop).any()
+
+    def finish_check(self, stop: StopChecker, context_len: int) -> Callable[[Req], None]:
+        """What the scheduler runs after each sampled token: the grammar advances (and may
+        append forced tokens), then the usual checks; a grammar that has ended finishes
+        its request."""
+
+        def check(req: Req) -> None:
+            if req.grammar is not None:
+                room = min(
+                    req.params.max_new_tokens - len(req.output_ids), context_len - req.seq_len
+                )
+                if not self.advance(req, room):
+                    return
+            stop.check(req)
+            if req.grammar is not None and not req.finished and self.done(req):
+                req.finish_reason, req.state = "stop", ReqState.FINISHED
+
+        return check
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 
-from radixserve.cache import BlockHashCache, NoPrefixCache, RadixCache
+from radixserve.cache import create_prefix_cache
 from radixserve.engine import compute_thread
 from radixserve.engine.chat_format import ChatFormat
 from radixserve.engine.config import EngineConfig
@@ -28,7 +28,7 @@ from radixserve.engine.logprobs import record_logprobs
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import Listener, request_output, stream_outputs
-from radixserve.engine.req import Req, ReqState
+from radixserve.engine.req import Req
 from radixserve.engine.req_cache import ReqCacheManager
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
@@ -74,14 +74,10 @@ class Engine:
         self.vocab_size = loaded.config.vocab_size
         self.context_len = loaded.config.context_len
         self.allocator = KVSlotAllocator(self.runner.num_slots, config.page_size)
-        if not config.enable_prefix_cache:
-            self.cache = NoPrefixCache(config.page_size, self.allocator)
-        elif config.cache_index == "block-hash":
-            self.cache = BlockHashCache(config.page_size, self.allocator)
-        else:
-            self.cache = RadixCache(
-                config.page_size, self.allocator, eviction_policy=config.eviction_policy
-            )
+        index = config.cache_index if config.enable_prefix_cache else "off"
+        self.cache = create_prefix_cache(
+            index, config.page_size, self.allocator, config.eviction_policy
+        )
         self.metrics = EngineMetrics()
         self.stop_checker = StopChecker(self.tokenizer, loaded.eos_token_ids, self.context_len)
         limit = min(self.context_len, self.allocator.capacity - config.page_size)
@@ -94,7 +90,8 @@ class Engine:
         )
         self.constrained = ConstrainedDecoding(self.vocab_size, loaded.eos_token_ids, self.metrics)
         req_cache = ReqCacheManager(self.cache, self.allocator, self.metrics)
-        self.scheduler = Scheduler(config, req_cache, self.metrics, self._check_finished, rule)
+        finish_check = self.constrained.finish_check(self.stop_checker, self.context_len)
+        self.scheduler = Scheduler(config, req_cache, self.metrics, finish_check, rule)
         self.sampler = Sampler(config.seed)
         self.recorder = None
         if config.record_trace is not None:
@@ -332,19 +329,6 @@ class Engine:
                 self._listeners[req.rid](req, False)
         if self.config.check_invariants:
             self.cache.check_invariants(self.scheduler.slots_held)
-
-    def _check_finished(self, req: Req) -> None:
-        """After a sampled token: the grammar advances (and may append forced tokens), then
-        the usual checks; a grammar that has ended finishes its request."""
-        if req.grammar is not None:
-            room = min(
-                req.params.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len
-            )
-            if not self.constrained.advance(req, room):
-                return
-        self.stop_checker.check(req)
-        if req.grammar is not None and not req.finished and self.constrained.done(req):
-            req.finish_reason, req.state = "stop", ReqState.FINISHED
 
     def _finish(self, req: Req) -> None:
         self.stop_checker.finalize(req)
