@@ -13,6 +13,7 @@ before it.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Sequence
 
@@ -71,9 +72,13 @@ def replay(
     index: str = "radix",
     future: FutureUses | None = None,
     progress: Callable[[int], None] | None = None,
+    hold_per_token: float = 0.0,
 ) -> dict:
     """One policy at one capacity; ``future`` is required for ``belady`` (build it once per
-    trace); ``progress(n)`` is told every 1,000 requests."""
+    trace); ``progress(n)`` is told every 1,000 requests. With ``hold_per_token`` (in the
+    trace's time unit), a request keeps its sequence locked from its arrival for that long
+    per output token, as a running request does: concurrent requests then compete for the
+    memory, and what locks hold past the capacity is counted (``over_capacity``)."""
     capacity = capacity_tokens // page_size  # in pages: the tree's tokens
     if capacity < 1:
         raise ValueError(f"capacity_tokens {capacity_tokens} holds no page of {page_size}")
@@ -93,8 +98,11 @@ def replay(
         cache = RadixCache(1, eviction_policy=create_eviction_policy(policy))
     named = [p for r in requests for p in (r.pages, r.output_pages) if p is not None and len(p)]
     fresh = 1 + max((int(p.max()) for p in named), default=0)
-    hit_tokens = hit_requests = prompt = 0
+    hit_tokens = hit_requests = prompt = over = 0
+    running: list[tuple[float, int, object]] = []  # (until, order, locked node)
     for now, req in enumerate(requests):
+        while running and running[0][0] <= req.timestamp:
+            cache.unlock(heapq.heappop(running)[2])
         tail = req.output_pages
         if tail is None:
             total = (req.input_length + max(req.output_length - 1, 0)) // page_size
@@ -106,10 +114,15 @@ def replay(
         room = cache.total_size + len(seq) - match.length - capacity
         if room > 0:
             cache.evict(room)
-        cache.insert(seq, seq)
+        done = cache.insert(seq, seq)
+        if hold_per_token > 0:
+            cache.lock(done.match.node)
+            until = req.timestamp + hold_per_token * req.output_length
+            heapq.heappush(running, (until, now, done.match.node))
         cache.unlock(match.node)
         if cache.total_size > capacity:  # the request alone was larger than the budget
             cache.evict(cache.total_size - capacity)
+        over += cache.total_size > capacity
         hit = min(match.length, cacheable_pages(req, page_size))
         hit_tokens += hit * page_size
         hit_requests += hit > 0
@@ -125,6 +138,7 @@ def replay(
         "page_size": page_size,
         **_summary(hit_tokens, hit_requests, prompt, len(requests)),
         "evictions": cache.stats().evicted_tokens * page_size,
+        "over_capacity": over,
     }
 
 

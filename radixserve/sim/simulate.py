@@ -32,6 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--policy", nargs="+", default=["lru"], choices=POLICIES)
     p.add_argument("--index", nargs="+", default=["radix"], choices=INDEXES)
+    p.add_argument(
+        "--hold-per-output-token",
+        type=float,
+        default=0.0,
+        help="keep each request locked this long per output token, in the trace's time "
+        "unit (ms for Mooncake's), so concurrent requests compete for memory",
+    )
     p.add_argument("--json", help="write {optimal, rows, capacity_for} here")
     p.add_argument("--plot", help="write hit rate against capacity here (PNG)")
     p.add_argument("--wide", action="store_true", help="every column, past 80 characters")
@@ -65,6 +72,7 @@ def simulate(args: argparse.Namespace) -> dict:
                     index,
                     future,
                     lambda n: bar.update(task, advance=n),
+                    args.hold_per_output_token,
                 )
             )
     best = optimal(requests, args.page_size)
@@ -96,6 +104,7 @@ TABLES = (
             Column("of_optimal", "of optimal", pct),
             Column("request_hit_rate", "request hit", pct),
             Column("evictions", "evicted", wide=True),
+            Column("over_capacity", "over capacity", wide=True),
         ),
     ),
     TableSpec(

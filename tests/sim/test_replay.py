@@ -149,3 +149,14 @@ def test_the_command_writes_rows_and_the_capacity_answer(tmp_path, capsys):
     assert result["optimal"]["token_hit_rate"] > 0.7
     assert png.stat().st_size > 0
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 80
+
+
+def test_held_requests_compete_for_memory_and_locks_are_never_evicted():
+    trace = random_trace(3, n=80)
+    free = replay(trace, PAGE, 64, "lru")
+    held = replay(trace, PAGE, 64, "lru", hold_per_token=3.0)  # a few requests overlap
+    assert free["over_capacity"] == 0 and held["over_capacity"] > 0
+    assert held["token_hit_rate"] != free["token_hit_rate"]
+    forever = replay(trace, PAGE, 64, "lru", hold_per_token=1e9)  # nothing is ever released
+    assert forever["evictions"] == 0
+    assert forever["token_hit_rate"] == optimal(trace, PAGE)["token_hit_rate"]
