@@ -1,0 +1,230 @@
+"""A directory of KV pages that outlives the process: the disk tier's storage.
+
+Pages are opaque payloads (all layers of one page together) under 16-byte keys (hash chains
+of token ids, ``page_keys.py``). They are appended to segment files, not written one file
+each: a segment fills in memory and is written whole to a temporary file and renamed when
+it is sealed (full, or on ``flush``), so a crash loses at most the unsealed pages and never
+leaves half a segment under a real name. Each record carries a checksum verified on every
+read: a corrupted page is dropped, counted and reported missing, never returned. A new
+process rebuilds the index by scanning the sealed segments' record headers.
+
+Layout: ``DIR/<fingerprint>/seg-<n>.bin``, one folder per model/dtype/page layout
+(``fingerprint``), so another model's pages are never even read. The folder is bounded by
+``capacity_bytes``: past it, whole segments go, the least recently used first. Folders and
+files are created readable by their owner only.
+
+    record = MAGIC (4) | key (16) | payload length (4, little-endian) | blake2b-8 | payload
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = b"RXKV"
+KEY_BYTES = 16
+_HEADER = struct.Struct("<4s16sI8s")
+SEGMENT_BYTES = 64 << 20
+
+
+def checksum(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=8).digest()
+
+
+@dataclass
+class _Record:
+    segment: int  # -1: still in the open segment
+    offset: int  # of the payload
+    length: int
+    digest: bytes
+
+
+@dataclass
+class DiskStats:
+    pages: int = 0
+    bytes_used: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    corrupted_pages: int = 0
+    evicted_pages: int = 0
+
+
+class DiskStore:
+    def __init__(
+        self,
+        directory: str | Path,
+        fingerprint: str,
+        capacity_bytes: int,
+        segment_bytes: int = SEGMENT_BYTES,
+    ) -> None:
+        """Opens (or creates) the folder; ``OSError`` when it cannot be written."""
+        if capacity_bytes < segment_bytes:
+            segment_bytes = max(capacity_bytes // 2, 1)
+        self.capacity_bytes = capacity_bytes
+        self.segment_bytes = segment_bytes
+        self.root = Path(directory) / fingerprint
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        probe = self.root / ".probe"
+        probe.touch(mode=0o600)
+        probe.unlink()
+        self._lock = threading.Lock()
+        self._index: dict[bytes, _Record] = {}
+        self._segments: dict[int, dict] = {}  # n -> {"bytes", "keys", "used"}
+        self._open = bytearray()
+        self._open_keys: list[bytes] = []
+        self._clock = 0
+        self.stats = DiskStats()
+        self._rebuild()
+
+    # ---- reads and writes ----------------------------------------------------------------
+
+    def put(self, key: bytes, payload: bytes) -> None:
+        """Store ``payload`` under ``key`` (a stored key is only marked used)."""
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"keys are {KEY_BYTES} bytes, got {len(key)}")
+        with self._lock:
+            if key in self._index:
+                self._touch(self._index[key])
+                return
+            digest = checksum(payload)
+            self._open += _HEADER.pack(MAGIC, key, len(payload), digest)
+            self._index[key] = _Record(-1, len(self._open), len(payload), digest)
+            self._open += payload
+            self._open_keys.append(key)
+            self.stats.pages += 1
+            self.stats.bytes_used += _HEADER.size + len(payload)
+            if len(self._open) >= self.segment_bytes:
+                self._seal()
+
+    def get(self, key: bytes) -> bytes | None:
+        """The payload, checked; None when absent or corrupted (then dropped)."""
+        with self._lock:
+            record = self._index.get(key)
+            if record is None:
+                return None
+            if record.segment < 0:
+                payload = bytes(self._open[record.offset : record.offset + record.length])
+            else:
+                payload = self._read(record)
+            if payload is None or checksum(payload) != record.digest:
+                self._drop(key)
+                self.stats.corrupted_pages += 1
+                return None
+            self._touch(record)
+            self.stats.bytes_read += len(payload)
+            return payload
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._index
+
+    def stored_prefix(self, keys: list[bytes]) -> int:
+        """How many of ``keys``, from the first, are stored."""
+        n = 0
+        while n < len(keys) and keys[n] in self._index:
+            n += 1
+        return n
+
+    def flush(self) -> None:
+        """Seal the open segment: what is stored so far survives a restart."""
+        with self._lock:
+            self._seal()
+
+    # ---- segments ------------------------------------------------------------------------
+
+    def _seal(self) -> None:
+        if not self._open:
+            return
+        n = max(self._segments, default=0) + 1
+        path = self._path(n)
+        tmp = path.with_suffix(".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, self._open)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError:  # a full or vanished disk: the open segment's pages are lost
+            tmp.unlink(missing_ok=True)
+            for key in self._open_keys:
+                del self._index[key]
+            self.stats.pages -= len(self._open_keys)
+            self.stats.bytes_used -= len(self._open)
+            self._open, self._open_keys = bytearray(), []
+            raise
+        for key in self._open_keys:
+            self._index[key].segment = n
+        self._segments[n] = {
+            "bytes": len(self._open),
+            "keys": self._open_keys,
+            "used": self._tick(),
+        }
+        self.stats.bytes_written += len(self._open)
+        self._open, self._open_keys = bytearray(), []
+        self._evict_to_capacity()
+
+    def _evict_to_capacity(self) -> None:
+        while self.stats.bytes_used > self.capacity_bytes and self._segments:
+            n = min(self._segments, key=lambda s: self._segments[s]["used"])
+            segment = self._segments.pop(n)
+            self._path(n).unlink(missing_ok=True)
+            for key in segment["keys"]:
+                if self._index.get(key) is not None and self._index[key].segment == n:
+                    del self._index[key]
+                    self.stats.pages -= 1
+                    self.stats.evicted_pages += 1
+            self.stats.bytes_used -= segment["bytes"]
+
+    def _read(self, record: _Record) -> bytes | None:
+        try:
+            with self._path(record.segment).open("rb") as f:
+                f.seek(record.offset)
+                payload = f.read(record.length)
+        except OSError:
+            return None
+        return payload if len(payload) == record.length else None
+
+    def _drop(self, key: bytes) -> None:
+        record = self._index.pop(key)
+        self.stats.pages -= 1
+        if record.segment >= 0:  # its bytes stay until the segment goes
+            self._segments[record.segment]["keys"].remove(key)
+
+    def _rebuild(self) -> None:
+        """Index the sealed segments; leftovers of an interrupted seal are removed."""
+        for tmp in self.root.glob("seg-*.tmp"):
+            tmp.unlink()
+        for path in sorted(self.root.glob("seg-*.bin")):
+            n, keys, size = int(path.stem.split("-")[1]), [], path.stat().st_size
+            with path.open("rb") as f:  # headers only: payloads are checked when read
+                pos = 0
+                while pos + _HEADER.size <= size:
+                    magic, key, length, digest = _HEADER.unpack(f.read(_HEADER.size))
+                    end = pos + _HEADER.size + length
+                    if magic != MAGIC or end > size:
+                        break  # a torn or garbled tail: keep what came before
+                    if key not in self._index:
+                        self._index[key] = _Record(n, pos + _HEADER.size, length, digest)
+                        keys.append(key)
+                    f.seek(end)
+                    pos = end
+            self._segments[n] = {"bytes": size, "keys": keys, "used": self._tick()}
+            self.stats.pages += len(keys)
+            self.stats.bytes_used += size
+        self._evict_to_capacity()
+
+    def _path(self, n: int) -> Path:
+        return self.root / f"seg-{n:08d}.bin"
+
+    def _touch(self, record: _Record) -> None:
+        if record.segment >= 0:
+            self._segments[record.segment]["used"] = self._tick()
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
