@@ -12,7 +12,7 @@ for one page threw away prefixes a block-hash cache, which frees block by block,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -58,6 +58,9 @@ class RadixCache(BasePrefixCache):
         if isinstance(eviction_policy, str):
             eviction_policy = create_eviction_policy(eviction_policy)
         self.eviction_policy = eviction_policy
+        # told (tokens of the path through the leaf, its slots, namespace) before an evicted
+        # leaf's slots are freed: a lower tier copies the pages out here
+        self.on_evict: Callable[[np.ndarray, np.ndarray, Namespace], None] | None = None
         self.page_size = page_size
         self.allocator = allocator
         self._page_bytes = page_size * TOKEN_BYTES
@@ -190,6 +193,8 @@ class RadixCache(BasePrefixCache):
                 # use. Splitting keeps handles to the tail marked evicted.
                 upper = self._split(leaf, (leaf.num_tokens - short) * TOKEN_BYTES)
                 upper.last_access, upper.hits = leaf.last_access, leaf.hits
+            if self.on_evict is not None:
+                self.on_evict(self._path_tokens(leaf), leaf.slots, leaf.namespace)
             parent = leaf.parent
             del parent.children[leaf.key[: self._page_bytes]]
             leaf.evicted = True
@@ -346,6 +351,14 @@ class RadixCache(BasePrefixCache):
             return PrefixMatch(0, EMPTY_SLOTS, self._roots.get(namespace, self._detached_root))
         slots = path[0].slots if len(path) == 1 else np.concatenate([n.slots for n in path])
         return PrefixMatch(len(slots), slots, path[-1])
+
+    @staticmethod
+    def _path_tokens(node: TreeNode) -> np.ndarray:
+        parts = []
+        while node.parent is not None:
+            parts.append(node.key)
+            node = node.parent
+        return np.frombuffer(b"".join(reversed(parts)), dtype=np.int32)
 
     def _tick(self) -> int:
         self._clock += 1

@@ -45,6 +45,13 @@ class EngineConfig:
     # bfloat16 on a CPU with bfloat16 instructions: keep a second copy of the projections'
     # weights in oneDNN's layout (1.3-1.9x faster projections; costs their size in memory)
     pack_bf16_weights: bool = True
+    # a disk tier under the KV pool: pages leaving the pool are kept in this folder (bounded
+    # by disk_cache_size_gb) and read back when a prompt's prefix runs past the pool's; a
+    # new engine on the folder hits what an earlier one wrote. write_policy "write_back"
+    # writes pages as they are evicted, "write_through" as soon as their request finishes
+    disk_cache_dir: str | None = None
+    disk_cache_size_gb: float = 16.0
+    write_policy: str = "write_back"
     # write every finished request to this file as a trace (hashed pages, no tokens) for
     # ``radixserve simulate``
     record_trace: str | None = None
@@ -84,6 +91,16 @@ class EngineConfig:
             raise ValueError("cascade_min_shared must be >= 1")
         if self.itl_target_ms is not None and not self.itl_target_ms > 0:
             raise ValueError(f"itl_target_ms must be positive, got {self.itl_target_ms}")
+        if self.write_policy not in ("write_back", "write_through"):
+            raise ValueError(
+                f"unknown write_policy {self.write_policy!r}; choose write_back or write_through"
+            )
+        if self.disk_cache_dir is not None and not self.disk_cache_size_gb > 0:
+            raise ValueError("disk_cache_size_gb must be positive")
+        if self.disk_cache_dir is not None and (
+            self.cache_index != "radix" or not self.enable_prefix_cache
+        ):
+            raise ValueError("the disk tier works under the radix cache (cache_index='radix')")
         if not self.grammar_compile_timeout_s > 0:
             raise ValueError("grammar_compile_timeout_s must be positive")
         if self.chunked_prefill_size < self.page_size:

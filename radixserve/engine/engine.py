@@ -34,6 +34,7 @@ from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import Scheduler
 from radixserve.engine.stop import StopChecker
+from radixserve.engine.tiers import create_disk_tier
 from radixserve.engine.trace_recorder import TraceRecorder
 from radixserve.memory import KVSlotAllocator
 
@@ -89,7 +90,11 @@ class Engine:
             self.tokenizer, self.vocab_size, loaded.eos_token_ids, config.grammar_compile_timeout_s
         )
         self.constrained = ConstrainedDecoding(self.vocab_size, loaded.eos_token_ids, self.metrics)
-        req_cache = ReqCacheManager(self.cache, self.allocator, self.metrics)
+        self.tier = create_disk_tier(config, loaded.model, self.runner.pool, self.cache)
+        write_through = config.write_policy == "write_through"
+        req_cache = ReqCacheManager(
+            self.cache, self.allocator, self.metrics, self.tier, write_through
+        )
         finish_check = self.constrained.finish_check(self.stop_checker, self.context_len)
         self.scheduler = Scheduler(config, req_cache, self.metrics, finish_check, rule)
         self.sampler = Sampler(config.seed)
@@ -187,7 +192,14 @@ class Engine:
 
     def cache_stats(self) -> dict:
         """Prefix-cache and serving metrics, read on the scheduler thread."""
-        return self._on_loop(lambda: self.metrics.snapshot(self.cache, self.scheduler))
+
+        def stats() -> dict:
+            out = self.metrics.snapshot(self.cache, self.scheduler)
+            if self.tier is not None:
+                out |= self.tier.snapshot()
+            return out
+
+        return self._on_loop(stats)
 
     def check_invariants(self) -> None:
         """Audit the cache and slot accounting (from any thread; waits for the loop)."""
@@ -201,6 +213,8 @@ class Engine:
         self._thread.join()
         self.grammars.close()
         self.constrained.close()
+        if self.tier is not None:
+            self.tier.close()
         if self.recorder is not None:
             self.recorder.close()
         atexit.unregister(self._at_exit)

@@ -32,6 +32,7 @@ class EngineMetrics:
     # prompt tokens at first admission (a preempted request's re-admission is not a query)
     queried_tokens: int = 0
     hit_tokens: int = 0
+    disk_hit_tokens: int = 0  # of hit_tokens, those read back from the disk tier
     requests_admitted: int = 0
     requests_hit: int = 0
     preemptions: int = 0
@@ -80,6 +81,7 @@ class EngineMetrics:
             "queried_tokens": self.queried_tokens,
             "hit_tokens": self.hit_tokens,
             "token_hit_rate": _ratio(self.hit_tokens, self.queried_tokens),
+            "disk_hit_tokens": self.disk_hit_tokens,
             "request_hit_rate": _ratio(self.requests_hit, self.requests_admitted),
             "preemptions": self.preemptions,
             "scheduler_steps": self.steps,

@@ -19,6 +19,8 @@ def request_output(req: Req) -> dict:
     meta = {
         "prompt_tokens": len(req.input_ids),
         "cached_tokens": req.prompt_cached_tokens,
+        "cached_tokens_by_tier": dict(req.prompt_cached_by_tier)
+        or {"device": req.prompt_cached_tokens, "host": 0, "disk": 0},
         "completion_tokens": len(req.output_ids),
         "finish_reason": {"type": req.finish_reason, "matched": req.matched_stop},
         "ttft_s": (req.first_token_s or end) - req.arrival_s,

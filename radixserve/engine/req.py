@@ -34,6 +34,7 @@ class Req:
     computed_len: int = 0
     last_node: object = None
     prompt_cached_tokens: int = 0  # prefix hit at first admission (preemption excluded)
+    prompt_cached_by_tier: dict[str, int] = field(default_factory=dict)
     finish_reason: str | None = None
     matched_stop: object = None
     text: str = ""

@@ -16,6 +16,7 @@ The same calls work for every cache, the null one included (it adopts nothing).
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,16 +25,28 @@ from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.req import Req
 from radixserve.memory import KVSlotAllocator
 
+if TYPE_CHECKING:  # the tier moves tensors; this bookkeeping stays torch-free
+    from radixserve.memory.tiers.disk_tier import DiskTier
+
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 
 
 class ReqCacheManager:
     def __init__(
-        self, cache: BasePrefixCache, allocator: KVSlotAllocator, metrics: EngineMetrics
+        self,
+        cache: BasePrefixCache,
+        allocator: KVSlotAllocator,
+        metrics: EngineMetrics,
+        tier: DiskTier | None = None,
+        write_through: bool = False,
     ) -> None:
+        """``tier``: a disk tier whose pages extend what the cache matches; it is written
+        as pages leave the cache, or with ``write_through`` as soon as a request finishes."""
         self.cache = cache
         self.allocator = allocator
         self.metrics = metrics
+        self.tier = tier
+        self.write_through = write_through
         self.page = cache.page_size
 
     def peek(self, req: Req) -> tuple[int, object]:
@@ -51,7 +64,11 @@ class ReqCacheManager:
         last = req.seq_len - 1
         if req.params.prompt_logprobs:
             last = min(last, max(0, req.params.logprob_start_len - 1))
-        cached = min(hit.length, last // self.page * self.page)
+        limit = last // self.page * self.page
+        device = min(hit.length, limit)
+        if self.tier is not None and hit.length < limit:
+            hit = self._load_from_tier(req, hit, limit)
+        cached = min(hit.length, limit)
         self.cache.lock(hit.node)
         req.last_node = hit.node
         req.cached_len = req.computed_len = cached
@@ -59,7 +76,36 @@ class ReqCacheManager:
         if not req.admitted_once:  # a preempted request's re-admission is not a new query
             req.admitted_once = True
             req.prompt_cached_tokens = cached
+            req.prompt_cached_by_tier = {"device": device, "host": 0, "disk": cached - device}
             self.metrics.admitted(len(req.input_ids), cached)
+            self.metrics.disk_hit_tokens += cached - device
+
+    def _load_from_tier(self, req: Req, hit, limit: int):
+        """Read the pages past ``hit`` that the disk tier holds (up to ``limit`` tokens) into
+        fresh slots and put them in the cache; the longer match, or ``hit`` when they do not
+        fit or fail to load."""
+        seq = req.seq()
+        keys = self.tier.keys(seq[:limit], req.namespace)[hit.length // self.page :]
+        pages = self.tier.stored_pages(keys)
+        if not pages:
+            return hit
+        end = hit.length + pages * self.page
+        self.cache.lock(hit.node)  # eviction to make room must not take the match
+        try:
+            needed = self.allocator.slots_needed(end - hit.length)
+            if needed > self.allocator.num_free:
+                self.cache.evict(needed - self.allocator.num_free)
+            if needed > self.allocator.num_free:
+                return hit
+            fresh = self.allocator.alloc(end - hit.length)
+            if not self.tier.load(keys[:pages], fresh):
+                self.allocator.free(fresh)
+                return hit
+            done = self.cache.insert(seq[:end], np.concatenate([hit.slots, fresh]), req.namespace)
+            self.allocator.free(fresh[: max(0, done.prefix_len - hit.length)])
+        finally:
+            self.cache.unlock(hit.node)
+        return self.cache.match_prefix(seq, req.namespace)
 
     def ensure_slots(self, req: Req, positions: int) -> bool:
         """Make ``req.slots`` cover ``positions`` positions, taking whole pages and evicting
@@ -87,6 +133,8 @@ class ReqCacheManager:
         # [start, prefix_len): pages the cache already had (another request computed them)
         self.allocator.free(req.slots[start : max(start, done.prefix_len)].copy())
         if release:
+            if self.write_through and self.tier is not None:
+                self.tier.demote(req.seq()[: done.match.length], done.match.slots, req.namespace)
             self.allocator.free(req.slots[max(start, done.match.length) :])
             self.cache.unlock(req.last_node)
             req.slots, req.last_node = _NO_SLOTS, None

@@ -1,0 +1,64 @@
+"""What the disk tier stores for a page, and under which key.
+
+Keys: a hash chain over the token ids, page by page, from a root salted by the namespace and
+the store's fingerprint (model, dtype, page size, layout), so a key names one page *and
+everything before it*, and nothing crosses tenants or models.
+
+Payloads: page-first — all layers of one page together (K then V per layer, each
+``[page_size, kv_heads, head_dim]``), so one read brings a page back whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+from radixserve.memory.kv_pool import KVPool
+from radixserve.memory.tiers.disk_store import KEY_BYTES
+
+
+def root_key(namespace: object, fingerprint: str) -> bytes:
+    return hashlib.blake2b(f"{fingerprint}|{namespace!r}".encode(), digest_size=KEY_BYTES).digest()
+
+
+def page_keys(tokens: np.ndarray, page_size: int, root: bytes) -> list[bytes]:
+    """One key per whole page of ``tokens``."""
+    data = np.ascontiguousarray(tokens, dtype=np.int32).tobytes()
+    step = 4 * page_size
+    keys, prev = [], root
+    for start in range(0, len(data) - len(data) % step, step):
+        prev = hashlib.blake2b(prev + data[start : start + step], digest_size=KEY_BYTES).digest()
+        keys.append(prev)
+    return keys
+
+
+def gather_pages(pool: KVPool, slots: np.ndarray) -> list[bytes]:
+    """The payloads of the pages at ``slots`` (whole pages, in order)."""
+    page = pool.page_size
+    index = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(pool.k[0].device)
+    parts = [t[index] for layer in range(len(pool.k)) for t in (pool.k[layer], pool.v[layer])]
+    # [2 * layers, n * page, heads, dim] -> [n, 2 * layers, page, heads, dim]
+    stacked = torch.stack(parts).unflatten(1, (-1, page)).transpose(0, 1).contiguous().cpu()
+    flat = stacked.view(stacked.shape[0], -1).view(torch.uint8).numpy()
+    return [row.tobytes() for row in flat]
+
+
+def scatter_pages(pool: KVPool, slots: np.ndarray, payloads: list[bytes]) -> None:
+    """Write ``payloads`` (from ``gather_pages``) into the pages at ``slots``."""
+    page, layers = pool.page_size, len(pool.k)
+    k0 = pool.k[0]
+    shape = (len(payloads), 2 * layers, page, *k0.shape[1:])
+    raw = np.frombuffer(b"".join(payloads), dtype=np.uint8)
+    data = torch.from_numpy(raw.copy()).view(k0.dtype).view(shape).to(k0.device)
+    index = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(k0.device)
+    per_layer = data.transpose(0, 1).flatten(1, 2)  # [2 * layers, n * page, heads, dim]
+    for layer in range(layers):
+        pool.k[layer][index] = per_layer[2 * layer]
+        pool.v[layer][index] = per_layer[2 * layer + 1]
+
+
+def page_bytes(pool: KVPool) -> int:
+    k0 = pool.k[0]
+    return 2 * len(pool.k) * pool.page_size * k0[0].numel() * k0.element_size()
