@@ -27,6 +27,23 @@ class _EngineCollector:
             "radixserve_requests_finished": ("requests finished", s["finished_requests"]),
             "radixserve_preemptions": ("requests preempted", s["preemptions"]),
         }
+        if "disk_pages" in s:  # the disk tier is on
+            counters |= {
+                "radixserve_disk_cache_hits": (
+                    "prompt tokens read back from the disk tier",
+                    s["disk_hit_tokens"],
+                ),
+                "radixserve_disk_cache_written_bytes": (
+                    "bytes sealed to disk",
+                    s["disk_bytes_written"],
+                ),
+                "radixserve_disk_cache_read_bytes": ("bytes read back", s["disk_bytes_read"]),
+                "radixserve_disk_cache_load_seconds": ("seconds loading pages", s["disk_load_s"]),
+                "radixserve_disk_cache_corrupted_pages": (
+                    "pages dropped by their checksum",
+                    s["disk_pages_corrupted"],
+                ),
+            }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)
         gauges = {
@@ -47,6 +64,11 @@ class _EngineCollector:
                 s["memory_dedup_ratio"],
             ),
         }
+        if "disk_pages" in s:
+            gauges["radixserve_disk_cache_bytes"] = (
+                "bytes the disk tier holds",
+                s["disk_bytes_used"],
+            )
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
 

@@ -109,3 +109,26 @@ def test_an_unusable_folder_turns_the_tier_off_and_the_engine_serves(tmp_path, c
         assert e.tier is None and "disk_pages" not in e.cache_stats()
     assert out["meta_info"]["completion_tokens"] == 8
     assert "disk cache off" in caplog.text
+
+
+def test_the_server_reports_disk_hits_in_usage_and_metrics(tmp_path):
+    import httpx
+
+    from radixserve.server import create_app
+    from tests.e2e.test_server import _serve
+
+    e = engine(tmp_path)
+    srv, thread, url = _serve(create_app(e, "tiny"))
+    try:
+        body = {"prompt": prompts(0, 1)[0], "max_tokens": 4, "temperature": 0}
+        httpx.post(url + "/v1/completions", json=body)
+        flood(e)
+        usage = httpx.post(url + "/v1/completions", json=body).json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 196
+        text = httpx.get(url + "/metrics").text
+        hits = [ln for ln in text.splitlines() if ln.startswith("radixserve_disk_cache_hits")]
+        assert hits and float(hits[0].split()[-1]) >= 196
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+        e.shutdown()
