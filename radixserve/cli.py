@@ -26,6 +26,7 @@ BENCHES = {
     "serving": ("radixserve.bench.serving_bench", "the SGLang paper's workloads, side by side"),
     "lang": ("radixserve.bench.lang_bench", "DSL programs, prefix cache on and off"),
     "structured": ("radixserve.bench.structured_bench", "JSON extraction: masks, jump-forward"),
+    "tiers": ("radixserve.bench.tiers_bench", "the disk tier: TTFT by source, restart"),
     "report": ("radixserve.bench.docs_report", "regenerate docs/benchmarks.md from the JSON"),
 }
 

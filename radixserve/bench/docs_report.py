@@ -105,6 +105,12 @@ SECTIONS = (
         wide=True,
     ),
     Section(
+        "tiers",
+        "The disk tier — `radixserve bench tiers`",
+        "radixserve bench tiers --json docs/bench_tiers.json",
+        "radixserve.bench.tiers_bench",
+    ),
+    Section(
         "simulate",
         "Sizing the cache offline — `radixserve simulate`",
         "python tools/synthetic_trace.py --requests 20000 --out trace.jsonl && "

@@ -228,3 +228,15 @@ def test_bench_structured_command_compares_masks_and_jump_forward(tmp_path, caps
     assert png.stat().st_size > 0
     lines = capsys.readouterr().out.splitlines()
     assert max(len(line) for line in lines) <= 80
+
+
+def test_bench_tiers_command_measures_disk_hits_and_a_restart(tmp_path, capsys):
+    out = tmp_path / "tiers.json"
+    assert main(["bench", "tiers", "--quick", "--model", "tiny", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = {r["source"]: r for r in data["rows"]}
+    assert set(rows) == {"recompute", "device", "disk (dropped)", "disk (page cache)"}
+    assert rows["recompute"]["vs_recompute"] == 1.0
+    before, after = data["restart"]
+    assert after["disk_hit_tokens"] > 0 and after["of_before"] >= 0.9
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 80

@@ -13,15 +13,15 @@ Layout: ``DIR/<fingerprint>/seg-<n>.bin``, one folder per model/dtype/page layou
 ``capacity_bytes``: past it, whole segments go, the least recently used first. Folders and
 files are created readable by their owner only.
 
-    record = MAGIC (4) | key (16) | payload length (4, little-endian) | blake2b-8 | payload
+    record = MAGIC (4) | key (16) | payload length (4, little-endian) | CRC-32 (8) | payload
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import threading
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +32,9 @@ SEGMENT_BYTES = 64 << 20
 
 
 def checksum(payload: bytes) -> bytes:
-    return hashlib.blake2b(payload, digest_size=8).digest()
+    """CRC-32 (zlib's, several GB/s): it guards against torn and flipped bytes, not
+    against someone who can write the folder."""
+    return zlib.crc32(payload).to_bytes(8, "little")
 
 
 @dataclass
@@ -77,6 +79,7 @@ class DiskStore:
         self._open = bytearray()
         self._open_keys: list[bytes] = []
         self._clock = 0
+        self._fds: dict[int, int] = {}  # open segment files, for reads
         self.stats = DiskStats()
         self._rebuild()
 
@@ -172,6 +175,8 @@ class DiskStore:
         while self.stats.bytes_used > self.capacity_bytes and self._segments:
             n = min(self._segments, key=lambda s: self._segments[s]["used"])
             segment = self._segments.pop(n)
+            if n in self._fds:
+                os.close(self._fds.pop(n))
             self._path(n).unlink(missing_ok=True)
             for key in segment["keys"]:
                 if self._index.get(key) is not None and self._index[key].segment == n:
@@ -182,12 +187,21 @@ class DiskStore:
 
     def _read(self, record: _Record) -> bytes | None:
         try:
-            with self._path(record.segment).open("rb") as f:
-                f.seek(record.offset)
-                payload = f.read(record.length)
+            fd = self._fds.get(record.segment)
+            if fd is None:
+                fd = self._fds[record.segment] = os.open(self._path(record.segment), os.O_RDONLY)
+            payload = os.pread(fd, record.length, record.offset)
         except OSError:
             return None
         return payload if len(payload) == record.length else None
+
+    def close(self) -> None:
+        """Seal what is open and close the files."""
+        with self._lock:
+            self._seal()
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
 
     def _drop(self, key: bytes) -> None:
         record = self._index.pop(key)

@@ -101,28 +101,40 @@ class DiskTier:
             "disk_failed": self.failed,
         }
 
+    def sync(self) -> None:
+        """Return once everything queued so far is written and sealed."""
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait()
+
     def close(self) -> None:
         """Write what is queued, seal it, and stop the writer."""
         self._queue.put(None)
         self._thread.join()
+        self.store.close()
 
     def _write(self) -> None:
+        """Items: (key, payload) to store; an Event to seal and set; None to seal and stop;
+        an idle spell seals too."""
         dirty = False
         while True:
             try:
                 item = self._queue.get(timeout=IDLE_SEAL_S if dirty else None)
             except queue.Empty:
-                item = "seal"
+                item = "idle"
             try:
-                if item is None or item == "seal":
-                    if dirty and not self.failed:
-                        self.store.flush()
+                if isinstance(item, tuple):
+                    if not self.failed:
+                        self.store.put(*item)
+                        dirty = True
+                elif dirty and not self.failed:
                     dirty = False
-                    if item is None:
-                        return
-                elif not self.failed:
-                    self.store.put(*item)
-                    dirty = True
+                    self.store.flush()
             except OSError as exc:  # a full or vanished disk: serve from memory only
                 logger.error("disk cache disabled: %s", exc)
                 self.failed = True
+            finally:
+                if isinstance(item, threading.Event):
+                    item.set()
+            if item is None:
+                return

@@ -34,29 +34,35 @@ def page_keys(tokens: np.ndarray, page_size: int, root: bytes) -> list[bytes]:
     return keys
 
 
+def _pages(pool: KVPool, slots: np.ndarray) -> torch.Tensor:
+    """The page numbers of ``slots`` (whole pages, in order)."""
+    first = np.asarray(slots, dtype=np.int64)[:: pool.page_size] // pool.page_size
+    return torch.from_numpy(first).to(pool.k[0].device)
+
+
 def gather_pages(pool: KVPool, slots: np.ndarray) -> list[bytes]:
     """The payloads of the pages at ``slots`` (whole pages, in order)."""
-    page = pool.page_size
-    index = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(pool.k[0].device)
-    parts = [t[index] for layer in range(len(pool.k)) for t in (pool.k[layer], pool.v[layer])]
-    # [2 * layers, n * page, heads, dim] -> [n, 2 * layers, page, heads, dim]
-    stacked = torch.stack(parts).unflatten(1, (-1, page)).transpose(0, 1).contiguous().cpu()
+    pages = _pages(pool, slots)
+    views = [pool.pages(layer) for layer in range(len(pool.k))]
+    # [n, 2 * layers, page, heads, dim]: one copy, already page-first
+    stacked = torch.stack([t[pages] for kv in views for t in kv], dim=1).cpu()
     flat = stacked.view(stacked.shape[0], -1).view(torch.uint8).numpy()
     return [row.tobytes() for row in flat]
 
 
 def scatter_pages(pool: KVPool, slots: np.ndarray, payloads: list[bytes]) -> None:
     """Write ``payloads`` (from ``gather_pages``) into the pages at ``slots``."""
-    page, layers = pool.page_size, len(pool.k)
+    pages = _pages(pool, slots)
     k0 = pool.k[0]
-    shape = (len(payloads), 2 * layers, page, *k0.shape[1:])
-    raw = np.frombuffer(b"".join(payloads), dtype=np.uint8)
-    data = torch.from_numpy(raw.copy()).view(k0.dtype).view(shape).to(k0.device)
-    index = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(k0.device)
-    per_layer = data.transpose(0, 1).flatten(1, 2)  # [2 * layers, n * page, heads, dim]
-    for layer in range(layers):
-        pool.k[layer][index] = per_layer[2 * layer]
-        pool.v[layer][index] = per_layer[2 * layer + 1]
+    raw = np.empty((len(payloads), len(payloads[0])), dtype=np.uint8)
+    for row, payload in zip(raw, payloads, strict=True):
+        row[:] = np.frombuffer(payload, dtype=np.uint8)
+    shape = (len(payloads), 2 * len(pool.k), pool.page_size, *k0.shape[1:])
+    data = torch.from_numpy(raw).view(k0.dtype).view(shape).to(k0.device)
+    for layer in range(len(pool.k)):
+        k, v = pool.pages(layer)
+        k[pages] = data[:, 2 * layer]
+        v[pages] = data[:, 2 * layer + 1]
 
 
 def page_bytes(pool: KVPool) -> int:

@@ -1,0 +1,185 @@
+"""``radixserve bench tiers``: what the disk tier buys on one machine.
+
+- **ttft**: the time to first token of a long prompt (4,096 tokens by default) served four
+  ways, round by round on a fresh prompt each: recomputed (its first time, written through
+  to disk), from the KV pool (again), from disk with its files dropped from the OS page
+  cache (``posix_fadvise``, the closest to a cold disk without root; ``flush_cache`` drops
+  the pool's copy first), and from disk again, the files now in the page cache. The ratio
+  is each over recomputing, paired by round (median, min-max).
+- **restart**: requests sharing a system prompt served twice by one engine (the second
+  pass is a warm engine's hits), then once by a new engine on the same folder: the share of
+  the warm engine's hits the new one gets from its first requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from statistics import median
+
+import numpy as np
+
+from radixserve.bench.report import (
+    Column,
+    TableSpec,
+    num,
+    pct,
+    print_tables,
+    times,
+    with_progress,
+    write_json,
+)
+from radixserve.bench.timing import paired
+from radixserve.engine import Engine, SamplingParams
+
+SOURCES = ("recompute", "device", "disk (dropped)", "disk (page cache)")
+FIRST = SamplingParams(max_new_tokens=1, temperature=0)
+
+
+@dataclass(frozen=True)
+class TiersBenchConfig:
+    model: str = "bench-135m"
+    prefix_tokens: int = 4096
+    rounds: int = 3
+    restart_requests: int = 8
+    system_tokens: int = 1024
+    user_tokens: int = 64
+    page_size: int = 16
+    seed: int = 0
+
+
+def drop_page_cache(folder: Path) -> None:
+    for path in folder.glob("*/seg-*.bin"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def ttft_rows(cfg: TiersBenchConfig, folder: Path, step: Callable[[str], None]) -> list[dict]:
+    rng = np.random.default_rng(cfg.seed)
+    options = dict(
+        page_size=cfg.page_size, disk_cache_dir=str(folder), write_policy="write_through"
+    )
+    seconds: dict[str, list[float]] = {s: [] for s in SOURCES}
+    with Engine(cfg.model, max_total_tokens=4 * cfg.prefix_tokens, **options) as engine:
+        engine.generate("warm up", FIRST)
+        # The pool comes from calloc: its pages fault in on first write. Touch them all, or
+        # whichever source first lands in untouched slots pays for it.
+        for tensor in engine.runner.pool.k + engine.runner.pool.v:
+            tensor.zero_()
+        vocab = engine.vocab_size
+        for _ in range(cfg.rounds):
+            prompt = rng.integers(3, vocab, cfg.prefix_tokens).tolist()
+
+            def ttft(prompt=prompt) -> float:
+                return engine.generate(input_ids=prompt, sampling_params=FIRST)["meta_info"][
+                    "ttft_s"
+                ]
+
+            seconds["recompute"].append(ttft())
+            seconds["device"].append(ttft())
+            engine.tier.sync()
+            engine.flush_cache()
+            drop_page_cache(folder)
+            seconds["disk (dropped)"].append(ttft())
+            engine.flush_cache()  # the read left the files in the page cache
+            seconds["disk (page cache)"].append(ttft())
+            engine.flush_cache()
+            step("ttft")
+    rows = []
+    for source, values in seconds.items():
+        ratio = paired(values, seconds["recompute"])
+        rows.append(
+            {
+                "source": source,
+                "prefix_tokens": cfg.prefix_tokens,
+                "ttft_ms": 1000 * median(values),
+                "vs_recompute": ratio["median"],
+                "vs_recompute_min": ratio["min"],
+                "vs_recompute_max": ratio["max"],
+            }
+        )
+    return rows
+
+
+def restart_rows(cfg: TiersBenchConfig, folder: Path, step: Callable[[str], None]) -> list[dict]:
+    rng = np.random.default_rng(cfg.seed + 1)
+    options = dict(
+        page_size=cfg.page_size, disk_cache_dir=str(folder), write_policy="write_through"
+    )
+    rows = []
+    prompts = None
+    for label in ("before", "after"):
+        with Engine(cfg.model, **options) as engine:
+            if prompts is None:
+                system = rng.integers(3, engine.vocab_size, cfg.system_tokens).tolist()
+                prompts = [
+                    system + rng.integers(3, engine.vocab_size, cfg.user_tokens).tolist()
+                    for _ in range(cfg.restart_requests)
+                ]
+            passes = 2 if label == "before" else 1
+            for _ in range(passes):
+                outs = [engine.generate(input_ids=p, sampling_params=FIRST) for p in prompts]
+        hit = sum(o["meta_info"]["cached_tokens"] for o in outs)
+        disk = sum(o["meta_info"]["cached_tokens_by_tier"]["disk"] for o in outs)
+        rows.append({"engine": label, "hit_tokens": hit, "disk_hit_tokens": disk})
+        step(f"restart {label}")
+    rows[1]["of_before"] = rows[1]["hit_tokens"] / rows[0]["hit_tokens"]
+    return rows
+
+
+def run_tiers_bench(cfg: TiersBenchConfig, step: Callable[[str], None]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="radixserve-tiers-") as tmp:
+        ttft = ttft_rows(cfg, Path(tmp) / "ttft", step)
+        restart = restart_rows(cfg, Path(tmp) / "restart", step)
+    return {"rows": ttft, "restart": restart}
+
+
+TABLES = (
+    TableSpec(
+        "rows",
+        "time to first token of one long prompt, by where its prefix comes from",
+        (
+            Column("source", "source"),
+            Column("prefix_tokens", "prefix"),
+            Column("ttft_ms", "TTFT ms", num(0)),
+            Column("vs_recompute", "vs recompute", times),
+        ),
+    ),
+    TableSpec(
+        "restart",
+        "the same requests before and after a restart on the same folder",
+        (
+            Column("engine", "engine"),
+            Column("hit_tokens", "hit tokens"),
+            Column("disk_hit_tokens", "from disk"),
+            Column("of_before", "of before", pct),
+        ),
+    ),
+)
+QUICK = {"prefix_tokens": 256, "rounds": 1, "restart_requests": 2, "system_tokens": 64}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument("--prefix-tokens", type=int, default=4096)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="small sizes, for smoke tests")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = TiersBenchConfig(model=args.model, prefix_tokens=args.prefix_tokens, rounds=args.rounds)
+    if args.quick:
+        cfg = replace(cfg, **QUICK)
+    total = cfg.rounds + 2
+    result = with_progress("bench tiers", total, lambda step: run_tiers_bench(cfg, step))
+    print_tables(result, TABLES, args.wide)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), **result})
+    return 0
