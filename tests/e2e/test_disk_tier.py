@@ -132,3 +132,12 @@ def test_the_server_reports_disk_hits_in_usage_and_metrics(tmp_path):
         srv.should_exit = True
         thread.join(timeout=10)
         e.shutdown()
+
+
+def test_serve_takes_the_tier_options(tmp_path):
+    from radixserve.cli import build_parser
+
+    argv = ["serve", "--disk-cache-dir", str(tmp_path), "--disk-cache-size-gb", "2"]
+    args = build_parser(argv).parse_args([*argv, "--write-policy", "write_through"])
+    assert (args.disk_cache_dir, args.disk_cache_size_gb) == (str(tmp_path), 2.0)
+    assert args.write_policy == "write_through" and args.record_trace is None
