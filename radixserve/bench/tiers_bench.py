@@ -6,6 +6,10 @@
   cache (``posix_fadvise``, the closest to a cold disk without root; ``flush_cache`` drops
   the pool's copy first), and from disk again, the files now in the page cache. The ratio
   is each over recomputing, paired by round (median, min-max).
+- **chat**: a multi-turn chat over per-conversation documents whose working set is about
+  four times the KV pool, served with the disk tier and without, alternating: a turn that
+  comes back to a conversation after the pool dropped it reads it from disk instead of
+  recomputing it.
 - **restart**: requests sharing a system prompt served twice by one engine (the second
   pass is a warm engine's hits), then once by a new engine on the same folder: the share of
   the warm engine's hits the new one gets from its first requests.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,7 +38,9 @@ from radixserve.bench.report import (
     with_progress,
     write_json,
 )
-from radixserve.bench.timing import paired
+from radixserve.bench.timing import alternating, median_round, paired
+from radixserve.bench.workloads import MultiTurnChat
+from radixserve.cache import RadixCache
 from radixserve.engine import Engine, SamplingParams
 
 SOURCES = ("recompute", "device", "disk (dropped)", "disk (page cache)")
@@ -46,6 +53,10 @@ class TiersBenchConfig:
     prefix_tokens: int = 4096
     rounds: int = 3
     restart_requests: int = 8
+    chat_conversations: int = 16
+    chat_document: int = 640  # tokens each conversation opens with
+    chat_pool: int = 3072  # KV slots, about a quarter of the chat's working set
+    chat_rounds: int = 1
     system_tokens: int = 1024
     user_tokens: int = 64
     page_size: int = 16
@@ -134,11 +145,81 @@ def restart_rows(cfg: TiersBenchConfig, folder: Path, step: Callable[[str], None
     return rows
 
 
+def chat_once(cfg: TiersBenchConfig, folder: Path | None, vocab: int) -> dict:
+    chat = MultiTurnChat(  # one "system prompt" per conversation: its own document
+        num_system_prompts=cfg.chat_conversations,
+        system_prompt_len=cfg.chat_document,
+        num_conversations=cfg.chat_conversations,
+        turns=3,
+        user_len=48,
+        output_len=16,
+        vocab_size=vocab,
+        seed=cfg.seed,
+    )
+    waves: dict[int, list] = {}
+    for req in chat.requests():
+        waves.setdefault(req.wave, []).append(req)
+    options = dict(page_size=cfg.page_size, max_total_tokens=cfg.chat_pool, max_running_requests=3)
+    if folder is not None:
+        options["disk_cache_dir"] = str(folder)
+    with Engine(cfg.model, **options) as engine:
+        start = time.perf_counter()
+        outs = []
+        for wave in waves.values():
+            params = [
+                SamplingParams(max_new_tokens=r.max_tokens, temperature=0, ignore_eos=True)
+                for r in wave
+            ]
+            outs += engine.generate(
+                input_ids=[r.prompt.tolist() for r in wave], sampling_params=params
+            )
+        seconds = time.perf_counter() - start
+        stats = engine.cache_stats()
+    tree = RadixCache(1, native_matcher=False)  # distinct prefix tokens: the working set
+    for wave in waves.values():
+        for r in wave:
+            tree.insert(r.sequence, np.zeros(len(r.sequence), dtype=np.int64))
+    working = tree.total_size
+    return {
+        "config": "disk tier" if folder is not None else "pool only",
+        "requests": len(outs),
+        "kv_pool": cfg.chat_pool,
+        "working_set": working,
+        "seconds": seconds,
+        "requests_s": len(outs) / seconds,
+        "hit_rate": stats["token_hit_rate"],
+        "disk_hit_tokens": stats.get("disk_hit_tokens", 0),
+    }
+
+
+def chat_rows(cfg: TiersBenchConfig, folder: Path, step: Callable[[str], None]) -> list[dict]:
+    with Engine(cfg.model, max_total_tokens=4 * cfg.page_size) as probe:
+        vocab = probe.vocab_size
+    runs: dict[str, list[dict]] = {"disk tier": [], "pool only": []}
+    for r, label in enumerate(alternating(list(runs), cfg.chat_rounds)):
+        runs[label].append(chat_once(cfg, folder / str(r) if label == "disk tier" else None, vocab))
+        step(f"chat {label}")
+    slow = [r["seconds"] for r in runs["pool only"]]
+    rows = []
+    for runs_of in runs.values():
+        ratio = paired(slow, [r["seconds"] for r in runs_of])
+        rows.append(
+            {
+                **median_round(runs_of),
+                "speedup": ratio["median"],
+                "speedup_min": ratio["min"],
+                "speedup_max": ratio["max"],
+            }
+        )
+    return rows
+
+
 def run_tiers_bench(cfg: TiersBenchConfig, step: Callable[[str], None]) -> dict:
     with tempfile.TemporaryDirectory(prefix="radixserve-tiers-") as tmp:
         ttft = ttft_rows(cfg, Path(tmp) / "ttft", step)
+        chat = chat_rows(cfg, Path(tmp) / "chat", step)
         restart = restart_rows(cfg, Path(tmp) / "restart", step)
-    return {"rows": ttft, "restart": restart}
+    return {"rows": ttft, "chat": chat, "restart": restart}
 
 
 TABLES = (
@@ -153,6 +234,19 @@ TABLES = (
         ),
     ),
     TableSpec(
+        "chat",
+        "a multi-turn chat over documents, four times the pool, with the disk tier and without",
+        (
+            Column("config", "config"),
+            Column("working_set", "working set"),
+            Column("kv_pool", "KV pool"),
+            Column("requests_s", "req/s", num(2)),
+            Column("speedup", "speedup", times),
+            Column("hit_rate", "hit rate", pct),
+            Column("disk_hit_tokens", "from disk", wide=True),
+        ),
+    ),
+    TableSpec(
         "restart",
         "the same requests before and after a restart on the same folder",
         (
@@ -163,7 +257,15 @@ TABLES = (
         ),
     ),
 )
-QUICK = {"prefix_tokens": 256, "rounds": 1, "restart_requests": 2, "system_tokens": 64}
+QUICK = {
+    "prefix_tokens": 256,
+    "rounds": 1,
+    "restart_requests": 2,
+    "system_tokens": 64,
+    "chat_conversations": 6,
+    "chat_document": 128,
+    "chat_pool": 512,
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -177,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = TiersBenchConfig(model=args.model, prefix_tokens=args.prefix_tokens, rounds=args.rounds)
     if args.quick:
         cfg = replace(cfg, **QUICK)
-    total = cfg.rounds + 2
+    total = cfg.rounds + 2 * cfg.chat_rounds + 2
     result = with_progress("bench tiers", total, lambda step: run_tiers_bench(cfg, step))
     print_tables(result, TABLES, args.wide)
     if args.json:

@@ -237,6 +237,9 @@ def test_bench_tiers_command_measures_disk_hits_and_a_restart(tmp_path, capsys):
     rows = {r["source"]: r for r in data["rows"]}
     assert set(rows) == {"recompute", "device", "disk (dropped)", "disk (page cache)"}
     assert rows["recompute"]["vs_recompute"] == 1.0
+    chat = {r["config"]: r for r in data["chat"]}
+    assert chat["disk tier"]["disk_hit_tokens"] > 0 and chat["pool only"]["disk_hit_tokens"] == 0
+    assert chat["disk tier"]["working_set"] > chat["disk tier"]["kv_pool"]
     before, after = data["restart"]
     assert before["hit_tokens"] > 0 and after["disk_hit_tokens"] > 0
     assert after["of_before"] >= 0.9
