@@ -16,6 +16,8 @@ The same calls work for every cache, the null one included (it adopts nothing).
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +31,15 @@ if TYPE_CHECKING:  # the tier moves tensors; this bookkeeping stays torch-free
     from radixserve.memory.tiers.disk_tier import DiskTier
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
+TIER_DONE = "done"  # Req.tier_read once the tier has nothing more for the request
+
+
+@dataclass(frozen=True)
+class TierRead:
+    """Pages of a waiting request being read from the tier, from page ``start_page``."""
+
+    start_page: int
+    future: Future
 
 
 class ReqCacheManager:
@@ -59,15 +70,10 @@ class ReqCacheManager:
         t0 = time.perf_counter()
         hit = self.cache.match_prefix(req.seq(), req.namespace)
         self.metrics.lookup_s.append(time.perf_counter() - t0)
-        # At least the last token is computed: its logits give the next one. Prompt
-        # logprobs from position s need the logits of positions s-1 on, so those are too.
-        last = req.seq_len - 1
-        if req.params.prompt_logprobs:
-            last = min(last, max(0, req.params.logprob_start_len - 1))
-        limit = last // self.page * self.page
+        limit = self._limit(req)
         device = min(hit.length, limit)
-        if self.tier is not None and hit.length < limit:
-            hit = self._load_from_tier(req, hit, limit)
+        if isinstance(req.tier_read, TierRead):
+            hit = self._install_read(req, hit, limit)
         cached = min(hit.length, limit)
         self.cache.lock(hit.node)
         req.last_node = hit.node
@@ -80,16 +86,46 @@ class ReqCacheManager:
             self.metrics.admitted(len(req.input_ids), cached)
             self.metrics.disk_hit_tokens += cached - device
 
-    def _load_from_tier(self, req: Req, hit, limit: int):
-        """Read the pages past ``hit`` that the disk tier holds (up to ``limit`` tokens) into
-        fresh slots and put them in the cache; the longer match, or ``hit`` when they do not
-        fit or fail to load."""
-        seq = req.seq()
-        keys = self.tier.keys(seq[:limit], req.namespace)[hit.length // self.page :]
-        pages = self.tier.stored_pages(keys)
-        if not pages:
+    def ready(self, req: Req) -> bool:
+        """Whether ``req`` may be admitted now: not while the disk tier reads pages past
+        what the cache matches for it (the read starts here, once per request)."""
+        if self.tier is None or req.tier_read is TIER_DONE:
+            return True
+        if req.tier_read is None:
+            limit = self._limit(req)
+            matched, _ = self.peek(req)
+            start = matched // self.page
+            keys = self.tier.keys(req.seq()[:limit], req.namespace)[start:]
+            pages = self.tier.stored_pages(keys)
+            if matched >= limit or not pages:
+                req.tier_read = TIER_DONE
+                return True
+            req.tier_read = TierRead(start, self.tier.read_async(keys[:pages]))
+            return False
+        return req.tier_read.future.done()
+
+    def _limit(self, req: Req) -> int:
+        """Tokens of ``req`` the cache may serve: at least the last token is computed (its
+        logits give the next one); prompt logprobs from position s need the logits of
+        positions s-1 on, so those are too."""
+        last = req.seq_len - 1
+        if req.params.prompt_logprobs:
+            last = min(last, max(0, req.params.logprob_start_len - 1))
+        return last // self.page * self.page
+
+    def _install_read(self, req: Req, hit, limit: int):
+        """Put the pages the tier read for ``req`` that extend ``hit`` into fresh slots and
+        the cache; the longer match, or ``hit`` when they failed, no longer connect to it (the
+        cache lost pages meanwhile), or do not fit."""
+        read, req.tier_read = req.tier_read, TIER_DONE
+        payloads = read.future.result()
+        first = hit.length // self.page
+        if payloads is None or first < read.start_page or hit.length >= limit:
             return hit
-        end = hit.length + pages * self.page
+        payloads = payloads[first - read.start_page : (limit // self.page) - read.start_page]
+        if not payloads:
+            return hit
+        seq, end = req.seq(), hit.length + len(payloads) * self.page
         self.cache.lock(hit.node)  # eviction to make room must not take the match
         try:
             needed = self.allocator.slots_needed(end - hit.length)
@@ -98,9 +134,7 @@ class ReqCacheManager:
             if needed > self.allocator.num_free:
                 return hit
             fresh = self.allocator.alloc(end - hit.length)
-            if not self.tier.load(keys[:pages], fresh):
-                self.allocator.free(fresh)
-                return hit
+            self.tier.install(fresh, payloads)
             done = self.cache.insert(seq[:end], np.concatenate([hit.slots, fresh]), req.namespace)
             self.allocator.free(fresh[: max(0, done.prefix_len - hit.length)])
         finally:

@@ -215,8 +215,8 @@ class Scheduler:
         for i, req in enumerate(ordered):
             if budget.exhausted or len(self.running) >= self.config.max_running_requests:
                 break
-            if self._shares_uncached_prefix(req, admitted):
-                continue
+            if not self.req_cache.ready(req) or self._shares_uncached_prefix(req, admitted):
+                continue  # its pages are being read from disk, or it waits to share
             admitted.insert(req.seq(), np.zeros(req.seq_len, dtype=np.int64), req.namespace)
             self.req_cache.admit(req)
             self.waiting.remove(req)

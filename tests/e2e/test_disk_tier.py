@@ -141,3 +141,26 @@ def test_serve_takes_the_tier_options(tmp_path):
     args = build_parser(argv).parse_args([*argv, "--write-policy", "write_through"])
     assert (args.disk_cache_dir, args.disk_cache_size_gb) == (str(tmp_path), 2.0)
     assert args.write_policy == "write_through" and args.record_trace is None
+
+
+def test_others_are_served_while_a_prompt_is_read_from_disk(tmp_path, recomputed):
+    import time
+
+    with engine(tmp_path, write_policy="write_through", max_total_tokens=4096) as e:
+        long_prompt = prompts(0, 1)[0]
+        e.generate(input_ids=long_prompt, sampling_params=GREEDY)
+        e.tier.sync()
+        e.flush_cache()  # its pages are on disk only
+        get = e.tier.store.get
+
+        def slow_get(key):
+            time.sleep(0.01)  # ~0.5 s for the prompt's 49 pages
+            return get(key)
+
+        e.tier.store.get = slow_get
+        short = SamplingParams(max_new_tokens=2, temperature=0)
+        outs = e.generate(input_ids=[long_prompt, [5, 6, 7]], sampling_params=[GREEDY, short])
+    slow, quick = (o["meta_info"] for o in outs)
+    assert slow["cached_tokens_by_tier"]["disk"] == 196
+    assert outs[0]["token_ids"] == recomputed[0]
+    assert quick["latency_s"] < 0.5 * slow["ttft_s"]  # it did not wait for the read

@@ -1,5 +1,6 @@
 """The disk tier under the KV pool: pages leaving the pool are copied out at once and written
-by a writer thread; a prompt whose prefix runs past what the pool holds reads the rest back.
+by a writer thread; a prompt whose prefix runs past what the pool holds has the rest read
+back by a reader thread while the scheduler serves the others, then installed in the pool.
 
 Copying a page out of the pool is a memory copy on the caller's thread (the pool's slots
 may be reused the moment eviction returns); the disk write is the writer thread's, through a
@@ -14,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +35,8 @@ class TierStats:
     demoted_pages: int = 0
     dropped_writes: int = 0  # the writer's queue was full
     loaded_pages: int = 0
-    load_s: float = 0.0
+    read_s: float = 0.0  # on the reader thread
+    load_s: float = 0.0  # installing what was read, on the model's thread
 
 
 class DiskTier:
@@ -47,6 +50,7 @@ class DiskTier:
         self._queue: queue.Queue = queue.Queue(QUEUE_PAGES)
         self._thread = threading.Thread(target=self._write, name="radixserve-disk", daemon=True)
         self._thread.start()
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="radixserve-disk-read")
 
     def keys(self, tokens: np.ndarray, namespace: object) -> list[bytes]:
         return page_keys(tokens, self.page_size, root_key(namespace, self.fingerprint))
@@ -73,17 +77,24 @@ class DiskTier:
         """How many of ``keys``, from the first, can be loaded."""
         return 0 if self.failed else self.store.stored_prefix(keys)
 
-    def load(self, keys: list[bytes], slots: np.ndarray) -> bool:
-        """Read the pages of ``keys`` into ``slots``: all of them, or none (False) when one
-        is missing or fails its checksum."""
+    def read_async(self, keys: list[bytes]) -> Future:
+        """Read the pages of ``keys`` on the reader thread: a future of their payloads, or
+        of None when one is missing or fails its checksum (all of them, or none)."""
+        return self._reader.submit(self._read, keys)
+
+    def install(self, slots: np.ndarray, payloads: list[bytes]) -> None:
+        """Write read payloads into the pool's ``slots`` (on the thread that runs the model:
+        a torch op on another thread would start a second OpenMP team)."""
+        t0 = time.perf_counter()
+        scatter_pages(self.pool, slots, payloads)
+        self.stats.loaded_pages += len(payloads)
+        self.stats.load_s += time.perf_counter() - t0
+
+    def _read(self, keys: list[bytes]) -> list[bytes] | None:
         t0 = time.perf_counter()
         payloads = [self.store.get(k) for k in keys]
-        if any(p is None for p in payloads):
-            return False
-        scatter_pages(self.pool, slots, payloads)
-        self.stats.loaded_pages += len(keys)
-        self.stats.load_s += time.perf_counter() - t0
-        return True
+        self.stats.read_s += time.perf_counter() - t0
+        return None if any(p is None for p in payloads) else payloads
 
     def snapshot(self) -> dict:
         s, t = self.store.stats, self.stats
@@ -97,6 +108,7 @@ class DiskTier:
             "disk_pages_demoted": t.demoted_pages,
             "disk_writes_dropped": t.dropped_writes,
             "disk_pages_loaded": t.loaded_pages,
+            "disk_read_s": t.read_s,
             "disk_load_s": t.load_s,
             "disk_failed": self.failed,
         }
@@ -109,6 +121,7 @@ class DiskTier:
 
     def close(self) -> None:
         """Write what is queued, seal it, and stop the writer."""
+        self._reader.shutdown(wait=True, cancel_futures=True)
         self._queue.put(None)
         self._thread.join()
         self.store.close()
