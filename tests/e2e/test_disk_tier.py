@@ -164,3 +164,21 @@ def test_others_are_served_while_a_prompt_is_read_from_disk(tmp_path, recomputed
     assert slow["cached_tokens_by_tier"]["disk"] == 196
     assert outs[0]["token_ids"] == recomputed[0]
     assert quick["latency_s"] < 0.5 * slow["ttft_s"]  # it did not wait for the read
+
+
+def test_a_full_disk_turns_the_tier_off_once_and_the_engine_serves(tmp_path, caplog, recomputed):
+    import errno
+
+    with caplog.at_level(logging.ERROR), engine(tmp_path, write_policy="write_through") as e:
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        e.tier.store._seal = full  # every seal fails as on a full disk
+        outs = [e.generate(input_ids=p, sampling_params=GREEDY) for p in prompts(0, 3)]
+        e.tier.sync()
+        again = e.generate(input_ids=prompts(0, 1)[0], sampling_params=GREEDY)
+        assert e.cache_stats()["disk_failed"]
+    assert [o["token_ids"] for o in outs] == recomputed
+    assert again["token_ids"] == recomputed[0]
+    assert caplog.text.count("disk cache disabled") == 1

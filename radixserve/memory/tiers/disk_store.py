@@ -198,10 +198,12 @@ class DiskStore:
     def close(self) -> None:
         """Seal what is open and close the files."""
         with self._lock:
-            self._seal()
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+            try:
+                self._seal()
+            finally:
+                for fd in self._fds.values():
+                    os.close(fd)
+                self._fds.clear()
 
     def _drop(self, key: bytes) -> None:
         record = self._index.pop(key)

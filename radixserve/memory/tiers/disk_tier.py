@@ -124,7 +124,12 @@ class DiskTier:
         self._reader.shutdown(wait=True, cancel_futures=True)
         self._queue.put(None)
         self._thread.join()
-        self.store.close()
+        try:
+            self.store.close()
+        except OSError as exc:
+            if not self.failed:
+                logger.error("disk cache disabled: %s", exc)
+            self.failed = True
 
     def _write(self) -> None:
         """Items: (key, payload) to store; an Event to seal and set; None to seal and stop;
