@@ -24,6 +24,16 @@ def open_store(path, capacity=10**6, segment=4 * PAGE, fingerprint="m1"):
     return DiskStore(path, fingerprint, capacity, segment)
 
 
+def sealed(path, pages: int = 4):
+    """A store holding ``pages`` pages in one sealed segment, and that segment's file."""
+    store = open_store(path)
+    for i in range(pages):
+        store.put(key(i), payload(i))
+    store.flush()
+    (segment,) = store.root.glob("seg-*.bin")
+    return store, segment
+
+
 def test_pages_round_trip_and_survive_a_restart_once_sealed(tmp_path):
     store = open_store(tmp_path)
     for i in range(10):
@@ -47,11 +57,7 @@ def test_unsealed_pages_are_lost_in_a_crash_but_nothing_half_written_appears(tmp
 
 
 def test_a_flipped_byte_is_caught_dropped_and_counted(tmp_path):
-    store = open_store(tmp_path)
-    for i in range(4):
-        store.put(key(i), payload(i))
-    store.flush()
-    (segment,) = store.root.glob("seg-*.bin")
+    _, segment = sealed(tmp_path)
     data = bytearray(segment.read_bytes())
     data[2 * (32 + PAGE) + 32 + PAGE // 2] ^= 0xFF  # inside the third page's payload
     segment.write_bytes(bytes(data))
@@ -63,11 +69,7 @@ def test_a_flipped_byte_is_caught_dropped_and_counted(tmp_path):
 
 
 def test_a_torn_segment_keeps_the_records_before_the_tear(tmp_path):
-    store = open_store(tmp_path)
-    for i in range(4):
-        store.put(key(i), payload(i))
-    store.flush()
-    (segment,) = store.root.glob("seg-*.bin")
+    _, segment = sealed(tmp_path)
     segment.write_bytes(segment.read_bytes()[: -PAGE // 2])
     again = open_store(tmp_path)
     assert [again.get(key(i)) is not None for i in range(4)] == [True, True, True, False]
