@@ -1,0 +1,86 @@
+"""Walking the radix tree's edges: following a key through whole matching pages, and cutting
+an edge where a match ends inside it. Mixed into ``RadixCache``, whose ``_roots``,
+``_page_bytes``, ``_native`` (the native matcher, or None) and ``_tick`` these use."""
+
+from __future__ import annotations
+
+from radixserve.cache.base import Namespace
+from radixserve.cache.tokens import TOKEN_BYTES
+from radixserve.cache.tree_node import TreeNode
+
+
+class RadixEdges:
+    _roots: dict[Namespace, TreeNode]
+    _page_bytes: int
+
+    def _walk(
+        self, key: bytes, namespace: Namespace
+    ) -> tuple[list[TreeNode], int, tuple[TreeNode, int] | None]:
+        """Follow ``key`` from the namespace's root through whole matching pages; changes
+        nothing.
+
+        Returns the nodes fully matched (the root excluded), the matched length in bytes, and,
+        when the match ends inside an edge, that edge's node with the bytes of it matched.
+        """
+        path: list[TreeNode] = []
+        node = self._roots.get(namespace)
+        if node is None:
+            return path, 0, None
+        pb = self._page_bytes
+        end = len(key) - len(key) % pb
+        pos = 0
+        while pos < end:
+            child = node.children.get(key[pos : pos + pb])
+            if child is None:
+                break
+            edge = child.key
+            if not key.startswith(edge, pos):
+                matched = self._matching_bytes(key, pos, end, edge)
+                return path, pos + matched, (child, matched)
+            pos += len(edge)
+            path.append(child)
+            node = child
+        return path, pos, None
+
+    def _walk_and_split(self, key: bytes, namespace: Namespace) -> tuple[list[TreeNode], int]:
+        """``_walk``, then split a partly matched edge so the path ends exactly at the match."""
+        path, matched, partial = self._walk(key, namespace)
+        if partial is not None:
+            path.append(self._split(*partial))
+        return path, matched
+
+    def _matching_bytes(self, key: bytes, pos: int, end: int, edge: bytes) -> int:
+        """Bytes of whole pages of ``edge`` that ``key[pos:end]`` matches; the first page is
+        known to match. Natively one scan; else a binary search over pages, each probe one
+        ``memcmp`` (the reference the native scan is tested against)."""
+        pb = self._page_bytes
+        if self._native is not None:
+            return self._native.matching_prefix(key, pos, edge, pb)
+        lo, hi = 1, min(len(edge), end - pos) // pb
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if key.startswith(edge[: mid * pb], pos):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo * pb
+
+    def _split(self, node: TreeNode, at: int) -> TreeNode:
+        """Cut ``node``'s edge ``at`` bytes in; returns the new upper node.
+
+        ``node`` keeps its identity (handles to it stay valid) and becomes the lower part.
+        """
+        upper = TreeNode(
+            node.key[:at],
+            node.slots[: at // TOKEN_BYTES],
+            node.parent,
+            node.namespace,
+            self._tick(),
+        )
+        upper.lock_ref = node.lock_ref
+        node.parent.children[upper.key[: self._page_bytes]] = upper
+        node.key = node.key[at:]
+        node.slots = node.slots[at // TOKEN_BYTES :]
+        node.parent = upper
+        upper.children[node.key[: self._page_bytes]] = node
+        return upper
