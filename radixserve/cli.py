@@ -60,6 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
         record_trace=args.record_trace,
         disk_cache_dir=args.disk_cache_dir,
         disk_cache_size_gb=args.disk_cache_size_gb,
+        host_cache_size_gb=args.host_cache_size_gb,
         write_policy=args.write_policy,
         attention_backend=args.attention_backend,
         dtype=args.dtype,
@@ -109,6 +110,9 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record-trace", default=None, help="write served requests here for `simulate`")
     p.add_argument("--disk-cache-dir", default=None, help="a disk tier under the KV pool")
     p.add_argument("--disk-cache-size-gb", type=float, default=16.0)
+    p.add_argument(
+        "--host-cache-size-gb", type=float, default=0.0, help="pinned host RAM under a GPU pool"
+    )
     p.add_argument("--write-policy", default="write_back", help="write_back or write_through")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--dtype", default="float32")

@@ -55,8 +55,10 @@ class TiersBenchConfig:
     restart_requests: int = 8
     chat_conversations: int = 16
     chat_document: int = 640  # tokens each conversation opens with
-    chat_pool: int = 3072  # KV slots, about a quarter of the chat's working set
-    chat_rounds: int = 1
+    chat_turns: int = 6
+    chat_pool: int = 4096  # KV slots, a quarter of the chat's working set
+    chat_running: int = 4  # requests running at once: what the pool holds of the longest
+    chat_rounds: int = 2
     system_tokens: int = 1024
     user_tokens: int = 64
     page_size: int = 16
@@ -150,7 +152,7 @@ def chat_once(cfg: TiersBenchConfig, folder: Path | None, vocab: int) -> dict:
         num_system_prompts=cfg.chat_conversations,
         system_prompt_len=cfg.chat_document,
         num_conversations=cfg.chat_conversations,
-        turns=3,
+        turns=cfg.chat_turns,
         user_len=48,
         output_len=16,
         vocab_size=vocab,
@@ -159,7 +161,11 @@ def chat_once(cfg: TiersBenchConfig, folder: Path | None, vocab: int) -> dict:
     waves: dict[int, list] = {}
     for req in chat.requests():
         waves.setdefault(req.wave, []).append(req)
-    options = dict(page_size=cfg.page_size, max_total_tokens=cfg.chat_pool, max_running_requests=3)
+    options = dict(
+        page_size=cfg.page_size,
+        max_total_tokens=cfg.chat_pool,
+        max_running_requests=cfg.chat_running,
+    )
     if folder is not None:
         options["disk_cache_dir"] = str(folder)
     with Engine(cfg.model, **options) as engine:
@@ -264,6 +270,7 @@ QUICK = {
     "system_tokens": 64,
     "chat_conversations": 6,
     "chat_document": 128,
+    "chat_turns": 3,
     "chat_pool": 512,
 }
 

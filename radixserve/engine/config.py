@@ -51,6 +51,10 @@ class EngineConfig:
     # writes pages as they are evicted, "write_through" as soon as their request finishes
     disk_cache_dir: str | None = None
     disk_cache_size_gb: float = 16.0
+    # a host-memory tier between the pool and the disk (0: none): pinned RAM for a GPU
+    # engine's evicted pages, copied back layer by layer on a side stream. A CPU engine's
+    # pool is host memory already: there it only adds copies (a larger pool is better)
+    host_cache_size_gb: float = 0.0
     write_policy: str = "write_back"
     # write every finished request to this file as a trace (hashed pages, no tokens) for
     # ``radixserve simulate``
@@ -97,10 +101,13 @@ class EngineConfig:
             )
         if self.disk_cache_dir is not None and not self.disk_cache_size_gb > 0:
             raise ValueError("disk_cache_size_gb must be positive")
-        if self.disk_cache_dir is not None and (
-            self.cache_index != "radix" or not self.enable_prefix_cache
-        ):
-            raise ValueError("the disk tier works under the radix cache (cache_index='radix')")
+        if self.host_cache_size_gb < 0:
+            raise ValueError("host_cache_size_gb must be >= 0")
+        tiers = self.disk_cache_dir is not None or self.host_cache_size_gb > 0
+        if tiers and (self.cache_index != "radix" or not self.enable_prefix_cache):
+            raise ValueError(
+                "the host and disk tiers work under the radix cache (cache_index='radix')"
+            )
         if not self.grammar_compile_timeout_s > 0:
             raise ValueError("grammar_compile_timeout_s must be positive")
         if self.chunked_prefill_size < self.page_size:

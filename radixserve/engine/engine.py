@@ -34,7 +34,7 @@ from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import Scheduler
 from radixserve.engine.stop import StopChecker
-from radixserve.engine.tiers import create_disk_tier
+from radixserve.engine.tiers import create_tiers
 from radixserve.engine.trace_recorder import TraceRecorder
 from radixserve.memory import KVSlotAllocator
 
@@ -90,7 +90,7 @@ class Engine:
             self.tokenizer, self.vocab_size, loaded.eos_token_ids, config.grammar_compile_timeout_s
         )
         self.constrained = ConstrainedDecoding(self.vocab_size, loaded.eos_token_ids, self.metrics)
-        self.tier = create_disk_tier(config, loaded.model, self.runner.pool, self.cache)
+        self.tier = create_tiers(config, loaded.model, self.runner.pool, self.cache)
         write_through = config.write_policy == "write_through"
         req_cache = ReqCacheManager(
             self.cache, self.allocator, self.metrics, self.tier, write_through

@@ -32,6 +32,7 @@ class EngineMetrics:
     # prompt tokens at first admission (a preempted request's re-admission is not a query)
     queried_tokens: int = 0
     hit_tokens: int = 0
+    host_hit_tokens: int = 0  # of hit_tokens, those copied back from the host tier
     disk_hit_tokens: int = 0  # of hit_tokens, those read back from the disk tier
     requests_admitted: int = 0
     requests_hit: int = 0
@@ -81,6 +82,7 @@ class EngineMetrics:
             "queried_tokens": self.queried_tokens,
             "hit_tokens": self.hit_tokens,
             "token_hit_rate": _ratio(self.hit_tokens, self.queried_tokens),
+            "host_hit_tokens": self.host_hit_tokens,
             "disk_hit_tokens": self.disk_hit_tokens,
             "request_hit_rate": _ratio(self.requests_hit, self.requests_admitted),
             "preemptions": self.preemptions,

@@ -29,6 +29,7 @@ from radixserve.memory import KVSlotAllocator
 
 if TYPE_CHECKING:  # the tier moves tensors; this bookkeeping stays torch-free
     from radixserve.memory.tiers.disk_tier import DiskTier
+    from radixserve.memory.tiers.host_tier import HostTier
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 TIER_DONE = "done"  # Req.tier_read once the tier has nothing more for the request
@@ -36,10 +37,12 @@ TIER_DONE = "done"  # Req.tier_read once the tier has nothing more for the reque
 
 @dataclass(frozen=True)
 class TierRead:
-    """Pages of a waiting request being read from the tier, from page ``start_page``."""
+    """Pages of a waiting request being read from the lower tiers, from page
+    ``start_page``; ``tiers`` names where each one was."""
 
     start_page: int
     future: Future
+    tiers: list[str]
 
 
 class ReqCacheManager:
@@ -48,11 +51,12 @@ class ReqCacheManager:
         cache: BasePrefixCache,
         allocator: KVSlotAllocator,
         metrics: EngineMetrics,
-        tier: DiskTier | None = None,
+        tier: HostTier | DiskTier | None = None,
         write_through: bool = False,
     ) -> None:
-        """``tier``: a disk tier whose pages extend what the cache matches; it is written
-        as pages leave the cache, or with ``write_through`` as soon as a request finishes."""
+        """``tier``: the top lower tier (host, over disk or alone, or disk), whose pages
+        extend what the cache matches; it is written as pages leave the cache, or with
+        ``write_through`` as soon as a request finishes."""
         self.cache = cache
         self.allocator = allocator
         self.metrics = metrics
@@ -72,8 +76,9 @@ class ReqCacheManager:
         self.metrics.lookup_s.append(time.perf_counter() - t0)
         limit = self._limit(req)
         device = min(hit.length, limit)
+        host = 0
         if isinstance(req.tier_read, TierRead):
-            hit = self._install_read(req, hit, limit)
+            hit, host = self._install_read(req, hit, limit)
         cached = min(hit.length, limit)
         self.cache.lock(hit.node)
         req.last_node = hit.node
@@ -82,12 +87,15 @@ class ReqCacheManager:
         if not req.admitted_once:  # a preempted request's re-admission is not a new query
             req.admitted_once = True
             req.prompt_cached_tokens = cached
-            req.prompt_cached_by_tier = {"device": device, "host": 0, "disk": cached - device}
+            host = min(host, cached - device)
+            disk = cached - device - host
+            req.prompt_cached_by_tier = {"device": device, "host": host, "disk": disk}
             self.metrics.admitted(len(req.input_ids), cached)
-            self.metrics.disk_hit_tokens += cached - device
+            self.metrics.host_hit_tokens += host
+            self.metrics.disk_hit_tokens += disk
 
     def ready(self, req: Req) -> bool:
-        """Whether ``req`` may be admitted now: not while the disk tier reads pages past
+        """Whether ``req`` may be admitted now: not while the lower tiers read pages past
         what the cache matches for it (the read starts here, once per request)."""
         if self.tier is None or req.tier_read is TIER_DONE:
             return True
@@ -96,11 +104,11 @@ class ReqCacheManager:
             matched, _ = self.peek(req)
             start = matched // self.page
             keys = self.tier.keys(req.seq()[:limit], req.namespace)[start:]
-            pages = self.tier.stored_pages(keys)
-            if matched >= limit or not pages:
+            tiers = self.tier.where(keys)
+            if matched >= limit or not tiers:
                 req.tier_read = TIER_DONE
                 return True
-            req.tier_read = TierRead(start, self.tier.read_async(keys[:pages]))
+            req.tier_read = TierRead(start, self.tier.read_async(keys[: len(tiers)]), tiers)
             return False
         return req.tier_read.future.done()
 
@@ -114,32 +122,35 @@ class ReqCacheManager:
         return last // self.page * self.page
 
     def _install_read(self, req: Req, hit, limit: int):
-        """Put the pages the tier read for ``req`` that extend ``hit`` into fresh slots and
-        the cache; the longer match, or ``hit`` when they failed, no longer connect to it (the
-        cache lost pages meanwhile), or do not fit."""
+        """Put the pages the tiers read for ``req`` that extend ``hit`` into fresh slots and
+        the cache: the longer match and how many of its tokens came from host memory; ``hit``
+        (and 0) when they failed, no longer connect to it (the cache lost pages meanwhile),
+        or do not fit."""
         read, req.tier_read = req.tier_read, TIER_DONE
-        payloads = read.future.result()
+        rows = read.future.result()
         first = hit.length // self.page
-        if payloads is None or first < read.start_page or hit.length >= limit:
-            return hit
-        payloads = payloads[first - read.start_page : (limit // self.page) - read.start_page]
-        if not payloads:
-            return hit
-        seq, end = req.seq(), hit.length + len(payloads) * self.page
+        if rows is None or first < read.start_page or hit.length >= limit:
+            return hit, 0
+        used = slice(first - read.start_page, (limit // self.page) - read.start_page)
+        rows = rows[used]
+        if not len(rows):
+            return hit, 0
+        seq, end = req.seq(), hit.length + len(rows) * self.page
         self.cache.lock(hit.node)  # eviction to make room must not take the match
         try:
             needed = self.allocator.slots_needed(end - hit.length)
             if needed > self.allocator.num_free:
                 self.cache.evict(needed - self.allocator.num_free)
             if needed > self.allocator.num_free:
-                return hit
+                return hit, 0
             fresh = self.allocator.alloc(end - hit.length)
-            self.tier.install(fresh, payloads)
+            self.tier.install(fresh, rows)
             done = self.cache.insert(seq[:end], np.concatenate([hit.slots, fresh]), req.namespace)
             self.allocator.free(fresh[: max(0, done.prefix_len - hit.length)])
         finally:
             self.cache.unlock(hit.node)
-        return self.cache.match_prefix(seq, req.namespace)
+        host = read.tiers[used].count("host") * self.page
+        return self.cache.match_prefix(seq, req.namespace), host
 
     def ensure_slots(self, req: Req, positions: int) -> bool:
         """Make ``req.slots`` cover ``positions`` positions, taking whole pages and evicting

@@ -28,6 +28,9 @@ class KVPool:
         shape = (num_slots, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # per layer, the CUDA event of a load from a lower tier still running on a side
+        # stream: the forward's layer waits for its own layer's pages only
+        self.loading: list[torch.cuda.Event | None] = [None] * num_layers
 
     @staticmethod
     def bytes_per_slot(
@@ -36,7 +39,9 @@ class KVPool:
         return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store new tokens' K/V (``[num_tokens, kv_heads, head_dim]``) at ``slots``."""
+        """Store new tokens' K/V (``[num_tokens, kv_heads, head_dim]``) at ``slots`` (every
+        layer's attention calls this before reading the pool)."""
+        self._wait_load(layer)
         self.k[layer][slots] = k
         self.v[layer][slots] = v
 
@@ -45,3 +50,14 @@ class KVPool:
         k, v = self.k[layer], self.v[layer]
         shape = (self.num_slots // self.page_size, self.page_size, *k.shape[1:])
         return k.view(shape), v.view(shape)
+
+    def wait_loads(self) -> None:
+        """Order what runs next on the current stream after every load in flight."""
+        for layer in range(len(self.loading)):
+            self._wait_load(layer)
+
+    def _wait_load(self, layer: int) -> None:
+        event = self.loading[layer]
+        if event is not None:
+            torch.cuda.current_stream().wait_event(event)
+            self.loading[layer] = None

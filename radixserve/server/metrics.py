@@ -44,6 +44,17 @@ class _EngineCollector:
                     s["disk_pages_corrupted"],
                 ),
             }
+        if "host_pages" in s:  # the host tier is on
+            counters |= {
+                "radixserve_host_cache_hits": (
+                    "prompt tokens copied back from the host tier",
+                    s["host_hit_tokens"],
+                ),
+                "radixserve_host_cache_loaded_pages": (
+                    "pages copied back into the pool",
+                    s["host_pages_loaded"],
+                ),
+            }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)
         gauges = {
@@ -68,6 +79,11 @@ class _EngineCollector:
             gauges["radixserve_disk_cache_bytes"] = (
                 "bytes the disk tier holds",
                 s["disk_bytes_used"],
+            )
+        if "host_pages" in s:
+            gauges["radixserve_host_cache_bytes"] = (
+                "bytes the host tier holds",
+                s["host_bytes_used"],
             )
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)

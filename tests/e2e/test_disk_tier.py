@@ -151,13 +151,13 @@ def test_others_are_served_while_a_prompt_is_read_from_disk(tmp_path, recomputed
         e.generate(input_ids=long_prompt, sampling_params=GREEDY)
         e.tier.sync()
         e.flush_cache()  # its pages are on disk only
-        get = e.tier.store.get
+        get_into = e.tier.store.get_into
 
-        def slow_get(key):
+        def slow_get_into(key, out):
             time.sleep(0.01)  # ~0.5 s for the prompt's 49 pages
-            return get(key)
+            return get_into(key, out)
 
-        e.tier.store.get = slow_get
+        e.tier.store.get_into = slow_get_into
         short = SamplingParams(max_new_tokens=2, temperature=0)
         outs = e.generate(input_ids=[long_prompt, [5, 6, 7]], sampling_params=[GREEDY, short])
     slow, quick = (o["meta_info"] for o in outs)

@@ -1,6 +1,7 @@
-"""The tree with a disk tier under it, driven by random serves, evictions (which demote),
-restarts and a disk too small to keep everything, against a reference: every page read back
-holds exactly the K/V computed for its prefix, whatever was evicted, dropped or restarted."""
+"""The tree with lower tiers under it (disk; host memory over disk; host memory alone),
+driven by random serves, evictions (which demote), restarts and tiers too small to keep
+everything, against a reference: every page read back holds exactly the K/V computed for
+its prefix, whatever was evicted, pushed down, dropped or restarted."""
 
 import hypothesis.strategies as st
 import numpy as np
@@ -12,6 +13,8 @@ from radixserve.memory import KVSlotAllocator
 from radixserve.memory.kv_pool import KVPool
 from radixserve.memory.tiers.disk_store import DiskStore
 from radixserve.memory.tiers.disk_tier import DiskTier
+from radixserve.memory.tiers.host_tier import HostTier
+from radixserve.memory.tiers.pages import page_bytes
 
 PAGE, SLOTS, LAYERS = 2, 48, 2
 
@@ -22,23 +25,34 @@ def value(prefix: tuple) -> float:
 
 
 class DiskTierMachine(RuleBasedStateMachine):
-    @initialize(capacity_pages=st.sampled_from([4, 12, 64]))
-    def setup(self, capacity_pages):
+    @initialize(
+        capacity_pages=st.sampled_from([4, 12, 64]),
+        host_pages=st.sampled_from([0, 3, 10]),
+        disk=st.booleans(),
+    )
+    def setup(self, capacity_pages, host_pages=0, disk=True):
         import tempfile
 
         self.folder = tempfile.mkdtemp()
         bytes_per_page = 2 * LAYERS * PAGE * 1 * 4 * 4 + 32
         self.capacity = capacity_pages * bytes_per_page
+        self.host_pages = host_pages
+        self.disk = disk or not host_pages  # some tier under the pool
         self.loaded_pages = 0
         self._start()
 
     def _start(self):
-        """A new process: an empty pool and tree over the same folder."""
+        """A new process: an empty pool, tree and host tier over the same folder."""
         self.pool = KVPool(LAYERS, SLOTS, PAGE, 1, 4)
         self.allocator = KVSlotAllocator(SLOTS, PAGE)
         self.cache = RadixCache(PAGE, self.allocator)
-        store = DiskStore(self.folder, "m", self.capacity, segment_bytes=self.capacity // 4)
-        self.tier = DiskTier(self.pool, store, "m")
+        self.tier = self.store = None
+        if self.disk:
+            store = DiskStore(self.folder, "m", self.capacity, segment_bytes=self.capacity // 4)
+            self.tier, self.store = DiskTier(self.pool, store, "m"), store
+        if self.host_pages:
+            host_bytes = self.host_pages * page_bytes(self.pool)
+            self.tier = HostTier(self.pool, host_bytes, "m", self.tier)
         self.cache.on_evict = self.tier.demote
 
     def teardown(self):
@@ -66,13 +80,13 @@ class DiskTierMachine(RuleBasedStateMachine):
         self.cache.lock(hit.node)
         slots = hit.slots
         keys = self.tier.keys(seq, None)[hit.length // PAGE :]
-        pages = self.tier.stored_pages(keys)
+        pages = len(self.tier.where(keys))
         fresh_from = hit.length
         if pages and self.allocator.num_free >= pages * PAGE:
-            payloads = self.tier.read_async(keys[:pages]).result()
-            if payloads is not None:
+            rows = self.tier.read_async(keys[:pages]).result()
+            if rows is not None:
                 loaded = self.allocator.alloc(pages * PAGE)
-                self.tier.install(loaded, payloads)
+                self.tier.install(loaded, rows)
                 slots = np.concatenate([slots, loaded])
                 fresh_from += pages * PAGE
                 self.loaded_pages += pages
@@ -103,7 +117,10 @@ class DiskTierMachine(RuleBasedStateMachine):
     def accounting_holds(self):
         if hasattr(self, "cache"):
             self.cache.check_invariants()
-            assert self.tier.store.stats.bytes_used <= self.capacity + self.capacity // 4
+            if self.store is not None:
+                assert self.store.stats.bytes_used <= self.capacity + self.capacity // 4
+            if self.host_pages:
+                assert self.tier.snapshot()["host_pages"] <= self.host_pages
 
 
 DiskTierMachine.TestCase.settings = settings(
@@ -124,4 +141,25 @@ def test_the_machine_reads_pages_back():
     machine.restart()
     machine.serve(tokens=[1, 2, 3, 0, 1, 1, 2, 2, 3, 3])
     assert machine.loaded_pages == 4
+    machine.teardown()
+
+
+def test_pages_pushed_down_from_host_memory_come_back_from_disk():
+    """Host memory of two pages over a disk: of four pages evicted at once the first two
+    (the prefix others share) stay in host memory, the rest go down; then a second prompt's
+    pages push those two down too; all come back, from both tiers, with their K/V."""
+    machine = DiskTierMachine()
+    machine.setup(capacity_pages=64, host_pages=2, disk=True)
+    machine.serve(tokens=[1, 2, 3, 0, 1, 1, 2, 2])
+    machine.evict(n=24)
+    first = np.array([1, 2, 3, 0, 1, 1, 2, 2])
+    assert machine.tier.where(machine.tier.keys(first, None)) == ["host", "host", "disk", "disk"]
+    machine.serve(tokens=[3, 3, 3, 3])
+    machine.evict(n=24)
+    assert machine.tier.where(machine.tier.keys(first, None)) == ["disk"] * 4
+    machine.serve(tokens=[1, 2, 3, 0, 1, 1, 2, 2, 3, 3])
+    assert machine.loaded_pages == 4
+    snap = machine.tier.snapshot()
+    assert snap["host_pages_evicted"] == 2 and snap["host_pages_loaded"] == 0
+    assert snap["disk_pages_loaded"] == 4
     machine.teardown()

@@ -32,13 +32,13 @@ SEGMENT_BYTES = 64 << 20
 IOV_MAX = 512  # pieces per writev (the OS allows at least 1,024)
 
 
-def checksum(payload: bytes) -> bytes:
+def checksum(payload: bytes | memoryview) -> bytes:
     """CRC-32 (zlib's, several GB/s): it guards against torn and flipped bytes, not
     against someone who can write the folder."""
     return zlib.crc32(payload).to_bytes(8, "little")
 
 
-def _write_all(fd: int, pieces: list[bytes]) -> None:
+def _write_all(fd: int, pieces: list[bytes | memoryview]) -> None:
     for start in range(0, len(pieces), IOV_MAX):
         chunk = pieces[start : start + IOV_MAX]
         written = os.writev(fd, chunk)
@@ -89,9 +89,9 @@ class DiskStore:
         # The open segment: its pieces (headers and payloads, written with one writev when
         # sealed: no copy into a buffer, which would hold the GIL while a forward runs) and
         # its payloads by key, for reads before then.
-        self._open: list[bytes] = []
+        self._open: list[bytes | memoryview] = []
         self._open_bytes = 0
-        self._open_payloads: dict[bytes, bytes] = {}
+        self._open_payloads: dict[bytes, memoryview] = {}
         self._open_keys: list[bytes] = []
         self._clock = 0
         self._fds: dict[int, int] = {}  # open segment files, for reads
@@ -100,7 +100,7 @@ class DiskStore:
 
     # ---- reads and writes ----------------------------------------------------------------
 
-    def put(self, key: bytes, payload: bytes) -> None:
+    def put(self, key: bytes, payload: bytes | memoryview) -> None:
         """Store ``payload`` under ``key`` (a stored key is only marked used)."""
         if len(key) != KEY_BYTES:
             raise ValueError(f"keys are {KEY_BYTES} bytes, got {len(key)}")
@@ -119,20 +119,25 @@ class DiskStore:
             if self._open_bytes >= self.segment_bytes:
                 self._seal()
 
-    def get(self, key: bytes) -> bytes | None:
-        """The payload, checked; None when absent or corrupted (then dropped)."""
+    def get_into(self, key: bytes, out: memoryview) -> bool:
+        """Read the payload into ``out`` (a buffer of its size), checked: False when absent,
+        or when corrupted or of another size (then dropped)."""
         with self._lock:
             record = self._index.get(key)
             if record is None:
-                return None
-            payload = self._open_payloads[key] if record.segment < 0 else self._read(record)
-            if payload is None or checksum(payload) != record.digest:
+                return False
+            ok = record.length == len(out)
+            if ok and record.segment < 0:
+                out[:] = self._open_payloads[key]
+            elif ok:
+                ok = self._read_into(record, out)
+            if not ok or checksum(out) != record.digest:
                 self._drop(key)
                 self.stats.corrupted_pages += 1
-                return None
+                return False
             self._touch(record)
-            self.stats.bytes_read += len(payload)
-            return payload
+            self.stats.bytes_read += len(out)
+            return True
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._index
@@ -203,15 +208,14 @@ class DiskStore:
                     self.stats.evicted_pages += 1
             self.stats.bytes_used -= segment["bytes"]
 
-    def _read(self, record: _Record) -> bytes | None:
+    def _read_into(self, record: _Record, out: memoryview) -> bool:
         try:
             fd = self._fds.get(record.segment)
             if fd is None:
                 fd = self._fds[record.segment] = os.open(self._path(record.segment), os.O_RDONLY)
-            payload = os.pread(fd, record.length, record.offset)
+            return os.preadv(fd, [out], record.offset) == record.length
         except OSError:
-            return None
-        return payload if len(payload) == record.length else None
+            return False
 
     def close(self) -> None:
         """Seal what is open and close the files."""

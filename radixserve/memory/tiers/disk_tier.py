@@ -22,7 +22,13 @@ import numpy as np
 
 from radixserve.memory.kv_pool import KVPool
 from radixserve.memory.tiers.disk_store import DiskStore
-from radixserve.memory.tiers.pages import gather_pages, page_keys, root_key, scatter_pages
+from radixserve.memory.tiers.pages import (
+    gather_pages,
+    page_bytes,
+    page_keys,
+    root_key,
+    scatter_pages,
+)
 
 logger = logging.getLogger(__name__)
 QUEUE_PAGES = 512
@@ -34,7 +40,7 @@ IDLE_SEAL_S = 0.5  # a writer idle this long seals what it wrote (it survives a 
 class TierStats:
     demoted_pages: int = 0
     dropped_writes: int = 0  # the writer's queue was full
-    loaded_pages: int = 0
+    loaded_pages: int = 0  # read back, checked
     read_s: float = 0.0  # on the reader thread
     load_s: float = 0.0  # installing what was read, on the model's thread
 
@@ -66,35 +72,50 @@ class DiskTier:
             return
         page = self.page_size
         rows = np.concatenate([slots[i * page : (i + 1) * page] for i in fresh])
-        for i, payload in zip(fresh, gather_pages(self.pool, rows), strict=True):
+        self.write([keys[i] for i in fresh], gather_pages(self.pool, rows))
+
+    def write(self, keys: list[bytes], rows: np.ndarray) -> None:
+        """Queue page rows (``gather_pages``'s, not used again by the caller) for writing
+        under ``keys``."""
+        for key, row in zip(keys, rows, strict=True):
+            if self.failed or key in self.store:
+                continue
             try:
-                self._queue.put_nowait((keys[i], payload))
+                self._queue.put_nowait((key, memoryview(row)))
                 self.stats.demoted_pages += 1
             except queue.Full:
                 self.stats.dropped_writes += 1
 
-    def stored_pages(self, keys: list[bytes]) -> int:
-        """How many of ``keys``, from the first, can be loaded."""
-        return 0 if self.failed else self.store.stored_prefix(keys)
+    def __contains__(self, key: bytes) -> bool:
+        return not self.failed and key in self.store
 
-    def read_async(self, keys: list[bytes]) -> Future:
-        """Read the pages of ``keys`` on the reader thread: a future of their payloads, or
-        of None when one is missing or fails its checksum (all of them, or none)."""
-        return self._reader.submit(self._read, keys)
+    def where(self, keys: list[bytes]) -> list[str]:
+        """The tier of each of ``keys`` that can be loaded, from the first until one cannot."""
+        return [] if self.failed else ["disk"] * self.store.stored_prefix(keys)
 
-    def install(self, slots: np.ndarray, payloads: list[bytes]) -> None:
-        """Write read payloads into the pool's ``slots`` (on the thread that runs the model:
+    def read_async(
+        self, keys: list[bytes], rows: np.ndarray | None = None, at: list[int] | None = None
+    ) -> Future:
+        """Read the pages of ``keys`` on the reader thread (into ``rows[at[i]]`` when given):
+        a future of the rows (one per page, as ``gather_pages`` makes them), or of None when
+        one is missing or fails its checksum (all of them, or none)."""
+        if rows is None:
+            rows = np.empty((len(keys), page_bytes(self.pool)), dtype=np.uint8)
+        return self._reader.submit(self._read, keys, rows, at or range(len(keys)))
+
+    def install(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Write read pages into the pool's ``slots`` (on the thread that runs the model:
         a torch op on another thread would start a second OpenMP team)."""
         t0 = time.perf_counter()
-        scatter_pages(self.pool, slots, payloads)
-        self.stats.loaded_pages += len(payloads)
+        scatter_pages(self.pool, slots, rows)
         self.stats.load_s += time.perf_counter() - t0
 
-    def _read(self, keys: list[bytes]) -> list[bytes] | None:
+    def _read(self, keys: list[bytes], rows: np.ndarray, at) -> np.ndarray | None:
         t0 = time.perf_counter()
-        payloads = [self.store.get(k) for k in keys]
+        ok = all(self.store.get_into(k, memoryview(rows[i])) for k, i in zip(keys, at, strict=True))
         self.stats.read_s += time.perf_counter() - t0
-        return None if any(p is None for p in payloads) else payloads
+        self.stats.loaded_pages += len(keys) if ok else 0
+        return rows if ok else None
 
     def snapshot(self) -> dict:
         s, t = self.store.stats, self.stats
