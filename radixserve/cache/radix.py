@@ -304,6 +304,10 @@ class RadixCache(RadixEdges, BasePrefixCache):
             raise ValueError("this node was evicted; lock handles before anything can evict")
         return node
 
+    def roots(self) -> dict[Namespace, TreeNode]:
+        """Each namespace's root (read-only use: walking what the tree holds)."""
+        return dict(self._roots)
+
     def _iter_nodes(self):
         """Every non-root node, parents before children."""
         stack = [child for root in self._roots.values() for child in root.children.values()]

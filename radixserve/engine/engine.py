@@ -17,7 +17,8 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 
-from radixserve.cache import create_prefix_cache
+from radixserve.cache import RadixCache, create_prefix_cache
+from radixserve.cache.digest import tree_digest
 from radixserve.engine import compute_thread
 from radixserve.engine.chat_format import ChatFormat
 from radixserve.engine.config import EngineConfig
@@ -198,6 +199,25 @@ class Engine:
             if self.tier is not None:
                 out |= self.tier.snapshot()
             return out
+
+        return self._on_loop(stats)
+
+    def routing_stats(self, max_keys: int = 8192) -> dict:
+        """What a router across replicas weighs: a digest of the tree (``cache.digest``; no
+        keys without a radix cache) and the work queued, in tokens and requests."""
+
+        def stats() -> dict:
+            fingerprint = f"{self.config.model}-p{self.config.page_size}"
+            waiting, running = self.scheduler.waiting, self.scheduler.running
+            digest = {"keys": [], "stride": 1, "page_size": self.config.page_size}
+            if isinstance(self.cache, RadixCache):
+                digest = tree_digest(self.cache, fingerprint, max_keys).to_dict()
+            return digest | {
+                "fingerprint": fingerprint,
+                "queued_tokens": sum(r.seq_len - r.computed_len for r in waiting + running),
+                "running": len(running),
+                "waiting": len(waiting),
+            }
 
         return self._on_loop(stats)
 

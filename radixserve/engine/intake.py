@@ -30,6 +30,27 @@ class RequestFactory:
     ) -> tuple[list[Req], bool]:
         """The requests, prompt by prompt and each prompt's ``n`` samples in turn, and
         whether a single prompt was passed (one output, not a list, goes back)."""
+        prompts, single = self.prompts(prompt, sampling_params, input_ids)
+        reqs = []
+        for arr, p in prompts:
+            for _ in range(p.n):
+                # each sample of a seeded request draws from its own seed
+                seeded = p if p.seed is None or p.n == 1 else replace(p, seed=p.seed + len(reqs))
+                reqs.append(Req(f"req-{next(self._ids)}", arr, seeded, namespace))
+        if rid is not None:
+            if len(reqs) != 1:
+                raise ValueError("an explicit rid names exactly one request")
+            reqs[0].rid = rid
+        return reqs, single
+
+    def prompts(
+        self,
+        prompt: str | Sequence[str] | None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        input_ids: Sequence[int] | Sequence[Sequence[int]] | None,
+    ) -> tuple[list[tuple[np.ndarray, SamplingParams]], bool]:
+        """Each prompt's checked token ids with its sampling params, and whether a single
+        prompt was passed."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("pass exactly one of prompt and input_ids")
         if prompt is not None:
@@ -46,18 +67,7 @@ class RequestFactory:
             params = [params] * len(ids)
         if len(params) != len(ids):
             raise ValueError(f"got {len(params)} sampling params for {len(ids)} prompts")
-        reqs = []
-        for tokens, p in zip(ids, params, strict=True):
-            arr = self._check_prompt(tokens, p)
-            for _ in range(p.n):
-                # each sample of a seeded request draws from its own seed
-                seeded = p if p.seed is None or p.n == 1 else replace(p, seed=p.seed + len(reqs))
-                reqs.append(Req(f"req-{next(self._ids)}", arr, seeded, namespace))
-        if rid is not None:
-            if len(reqs) != 1:
-                raise ValueError("an explicit rid names exactly one request")
-            reqs[0].rid = rid
-        return reqs, single
+        return [(self._check_prompt(t, p), p) for t, p in zip(ids, params, strict=True)], single
 
     def _check_prompt(self, tokens, params: SamplingParams) -> np.ndarray:
         if not isinstance(params, SamplingParams):

@@ -63,6 +63,20 @@ def load_model(
     return LoadedModel(model, model.config, hf_config, tokenizer, eos_token_ids(path, hf_config))
 
 
+def load_tokenizer(path_or_preset: str | Path) -> Any:
+    """Only the tokenizer of a preset or a local HF directory (None if it has none)."""
+    from radixserve.model.presets import PRESETS, preset_tokenizer
+
+    if str(path_or_preset) in PRESETS:
+        return preset_tokenizer(str(path_or_preset))
+    path = Path(path_or_preset)
+    if not _has_tokenizer(path):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
 def load_weights(model: LlamaForCausalLM, path: Path) -> None:
     """Copy every tensor of the checkpoint at ``path`` into ``model``, by name."""
     params = dict(model.named_parameters())

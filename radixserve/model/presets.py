@@ -79,6 +79,10 @@ def preset_hf_config(name: str):
     return hf
 
 
+def preset_tokenizer(name: str):
+    return build_tokenizer(_get(name).tokenizer_vocab)
+
+
 def load_preset(
     name: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> LoadedModel:

@@ -1,7 +1,7 @@
 """A directory of KV pages that outlives the process: the disk tier's storage.
 
 Pages are opaque payloads (all layers of one page together) under 16-byte keys (hash chains
-of token ids, ``page_keys.py``). They are appended to segment files, not written one file
+of token ids, ``cache/page_keys.py``). They are appended to segment files, not written one file
 each: a segment fills in memory and is written whole to a temporary file and renamed when
 it is sealed (full, or on ``flush``), so a crash loses at most the unsealed pages and never
 leaves half a segment under a real name. Each record carries a checksum verified on every
@@ -25,8 +25,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from radixserve.cache.page_keys import KEY_BYTES
+
 MAGIC = b"RXKV"
-KEY_BYTES = 16
 _HEADER = struct.Struct("<4s16sI8s")
 SEGMENT_BYTES = 64 << 20
 IOV_MAX = 512  # pieces per writev (the OS allows at least 1,024)

@@ -20,15 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from radixserve.cache.page_keys import page_keys, root_key
 from radixserve.memory.kv_pool import KVPool
 from radixserve.memory.tiers.disk_store import DiskStore
-from radixserve.memory.tiers.pages import (
-    gather_pages,
-    page_bytes,
-    page_keys,
-    root_key,
-    scatter_pages,
-)
+from radixserve.memory.tiers.pages import gather_pages, page_bytes, scatter_pages
 
 logger = logging.getLogger(__name__)
 QUEUE_PAGES = 512

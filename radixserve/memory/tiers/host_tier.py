@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from radixserve.cache.page_keys import page_keys, root_key
 from radixserve.memory.kv_pool import KVPool
 from radixserve.memory.tiers.disk_tier import DiskTier
-from radixserve.memory.tiers.pages import page_bytes, page_keys, page_rows, root_key, scatter_pages
+from radixserve.memory.tiers.pages import page_bytes, page_rows, scatter_pages
 
 
 @dataclass

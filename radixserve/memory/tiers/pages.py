@@ -1,8 +1,4 @@
-"""What the lower tiers (host, disk) store for a page, and under which key.
-
-Keys: a hash chain over the token ids, page by page, from a root salted by the namespace and
-the store's fingerprint (model, dtype, page size, layout), so a key names one page *and
-everything before it*, and nothing crosses tenants or models.
+"""What the lower tiers (host, disk) store for a page (under ``cache.page_keys``' keys).
 
 Payloads: page-first — all layers of one page together (K then V per layer, each
 ``[page_size, kv_heads, head_dim]``), so one read brings a page back whole.
@@ -10,28 +6,10 @@ Payloads: page-first — all layers of one page together (K then V per layer, ea
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import torch
 
 from radixserve.memory.kv_pool import KVPool
-from radixserve.memory.tiers.disk_store import KEY_BYTES
-
-
-def root_key(namespace: object, fingerprint: str) -> bytes:
-    return hashlib.blake2b(f"{fingerprint}|{namespace!r}".encode(), digest_size=KEY_BYTES).digest()
-
-
-def page_keys(tokens: np.ndarray, page_size: int, root: bytes) -> list[bytes]:
-    """One key per whole page of ``tokens``."""
-    data = np.ascontiguousarray(tokens, dtype=np.int32).tobytes()
-    step = 4 * page_size
-    keys, prev = [], root
-    for start in range(0, len(data) - len(data) % step, step):
-        prev = hashlib.blake2b(prev + data[start : start + step], digest_size=KEY_BYTES).digest()
-        keys.append(prev)
-    return keys
 
 
 def _pages(pool: KVPool, slots: np.ndarray) -> torch.Tensor:
