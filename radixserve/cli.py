@@ -45,8 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
         if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
             raise ValueError("--api-keys must name a JSON object mapping each key to a tenant")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    engine = Engine(
-        args.model,
+    options = dict(
         page_size=args.page_size,
         max_total_tokens=args.max_total_tokens,
         max_running_requests=args.max_running_requests,
@@ -67,6 +66,19 @@ def _serve(args: argparse.Namespace) -> int:
         device=args.device,
         seed=args.seed,
     )
+    if args.replicas is not None:
+        from radixserve.cluster.launch import serve_cluster
+
+        spec = dict(
+            model=args.model,
+            replicas=args.replicas,
+            router=args.router,
+            engine_options=options,
+            served_model_name=args.served_model_name,
+            api_keys=keys,
+        )
+        return serve_cluster(spec, args.host, args.port, args.ray_address)
+    engine = Engine(args.model, **options)
     app = create_app(engine, args.served_model_name or args.model, keys)
     # On SIGINT/SIGTERM uvicorn stops accepting and lets open requests finish; past the
     # timeout it cancels them, and the app's shutdown aborts what the engine still holds.
@@ -86,6 +98,11 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--api-keys", help="JSON file: {key: tenant namespace}")
+    p.add_argument(
+        "--replicas", type=int, default=None, help="engine replicas on Ray Serve ([cluster] extra)"
+    )
+    p.add_argument("--router", default="prefix", help="prefix, round-robin or power-of-two")
+    p.add_argument("--ray-address", default=None, help="join this Ray cluster (default: local)")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=64)

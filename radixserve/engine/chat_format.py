@@ -7,6 +7,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 ROLES = ("system", "user", "assistant")
+
+
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of ``messages`` rendered by the tokenizer's chat template."""
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=False
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 _MARK = "\x00radixserve-content\x00"
 
 

@@ -63,6 +63,12 @@ class EngineConfig:
     grammar_compile_timeout_s: float = 10.0
     check_invariants: bool = False  # audit the tree after every step (slow; for tests)
 
+    @property
+    def routing_fingerprint(self) -> str:
+        """What names this engine's pages to a router across replicas (with the page size,
+        which ``page_keys`` takes apart)."""
+        return f"{self.model}-p{self.page_size}"
+
     def __post_init__(self) -> None:
         if self.schedule_policy not in POLICIES:
             raise ValueError(

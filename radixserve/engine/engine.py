@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from radixserve.cache import RadixCache, create_prefix_cache
 from radixserve.cache.digest import tree_digest
 from radixserve.engine import compute_thread
-from radixserve.engine.chat_format import ChatFormat
+from radixserve.engine.chat_format import ChatFormat, render_chat
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.constrained import ConstrainedDecoding
 from radixserve.engine.grammar import GrammarCompiler
@@ -159,10 +159,7 @@ class Engine:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
         """Token ids of ``messages`` rendered by the model's chat template."""
-        text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return render_chat(self.tokenizer, messages, add_generation_prompt)
 
     @functools.cached_property
     def chat_format(self) -> ChatFormat:
@@ -207,7 +204,7 @@ class Engine:
         keys without a radix cache) and the work queued, in tokens and requests."""
 
         def stats() -> dict:
-            fingerprint = f"{self.config.model}-p{self.config.page_size}"
+            fingerprint = self.config.routing_fingerprint
             waiting, running = self.scheduler.waiting, self.scheduler.running
             digest = {"keys": [], "stride": 1, "page_size": self.config.page_size}
             if isinstance(self.cache, RadixCache):

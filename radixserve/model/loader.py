@@ -63,6 +63,17 @@ def load_model(
     return LoadedModel(model, model.config, hf_config, tokenizer, eos_token_ids(path, hf_config))
 
 
+def load_model_config(path_or_preset: str | Path) -> ModelConfig:
+    """Only the shape of a preset or a local HF directory (no weights)."""
+    from radixserve.model.presets import PRESETS, preset_hf_config
+
+    if str(path_or_preset) in PRESETS:
+        return ModelConfig.from_hf(preset_hf_config(str(path_or_preset)))
+    from transformers import AutoConfig
+
+    return ModelConfig.from_hf(AutoConfig.from_pretrained(path_or_preset))
+
+
 def load_tokenizer(path_or_preset: str | Path) -> Any:
     """Only the tokenizer of a preset or a local HF directory (None if it has none)."""
     from radixserve.model.presets import PRESETS, preset_tokenizer

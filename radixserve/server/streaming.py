@@ -9,6 +9,7 @@ from contextlib import aclosing
 
 from fastapi.responses import StreamingResponse
 
+from radixserve.server.errors import ApiError
 from radixserve.server.openai_format import chat_chunk, completion_chunk, usage
 
 
@@ -23,6 +24,9 @@ def sse(events: AsyncIterator[dict]) -> StreamingResponse:
                     yield f"data: {json.dumps(event)}\n\n"
             except ValueError as exc:
                 error = {"message": str(exc), "type": "invalid_request_error"}
+                yield f"data: {json.dumps({'error': error})}\n\n"
+            except ApiError as exc:  # a failure after the stream started (a replica lost)
+                error = {"message": exc.message, "type": exc.kind}
                 yield f"data: {json.dumps({'error': error})}\n\n"
         yield "data: [DONE]\n\n"
 
