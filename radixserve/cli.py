@@ -27,6 +27,7 @@ BENCHES = {
     "lang": ("radixserve.bench.lang_bench", "DSL programs, prefix cache on and off"),
     "structured": ("radixserve.bench.structured_bench", "JSON extraction: masks, jump-forward"),
     "tiers": ("radixserve.bench.tiers_bench", "the disk tier: TTFT by source, restart"),
+    "cluster": ("radixserve.bench.cluster_bench", "replicas on Ray Serve behind each router"),
     "report": ("radixserve.bench.docs_report", "regenerate docs/benchmarks.md from the JSON"),
 }
 

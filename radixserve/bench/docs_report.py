@@ -106,9 +106,16 @@ SECTIONS = (
     ),
     Section(
         "tiers",
-        "The disk tier — `radixserve bench tiers`",
+        "The host and disk tiers — `radixserve bench tiers`",
         "radixserve bench tiers --json docs/bench_tiers.json",
         "radixserve.bench.tiers_bench",
+    ),
+    Section(
+        "cluster",
+        "Replicas on Ray Serve, routed — `radixserve bench cluster`",
+        "radixserve bench cluster --json docs/bench_cluster.json --plot docs/bench_cluster.png",
+        "radixserve.bench.cluster_bench",
+        "bench_cluster.png",
     ),
     Section(
         "simulate",

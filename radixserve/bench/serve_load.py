@@ -25,6 +25,7 @@ class ChatLoad:
     max_tokens: int = 48
     system_prompts: int = 4
     system_sentences: int = 24
+    zipf: float = 0.0  # system prompts' popularity: rank k drawn in proportion to k^-zipf
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -41,10 +42,15 @@ class ChatLoad:
             for k in range(self.system_prompts)
         ]
         rng = random.Random(self.seed)
+        weights = [(k + 1) ** -self.zipf for k in range(self.system_prompts)]
+
+        def system() -> str:  # uniform draws kept as they were, so earlier runs repeat
+            return rng.choices(systems, weights)[0] if self.zipf else rng.choice(systems)
+
         questions = _corpus(seed=self.seed + 7, lines=self.requests)
         return [
             [
-                {"role": "system", "content": rng.choice(systems)},
+                {"role": "system", "content": system()},
                 {"role": "user", "content": f"User {i}: {questions[i]}"},
             ]
             for i in range(self.requests)

@@ -6,10 +6,10 @@
   cache (``posix_fadvise``, the closest to a cold disk without root; ``flush_cache`` drops
   the pool's copy first), and from disk again, the files now in the page cache. The ratio
   is each over recomputing, paired by round (median, min-max).
-- **chat**: a multi-turn chat over per-conversation documents whose working set is about
-  four times the KV pool, served with the disk tier and without, alternating: a turn that
-  comes back to a conversation after the pool dropped it reads it from disk instead of
-  recomputing it.
+- **chat**: multi-turn chats over per-conversation documents (of two lengths) whose working
+  set is about four times the KV pool, served with the disk tier and without, alternating:
+  a turn that comes back to a conversation after the pool dropped it reads it from disk
+  instead of recomputing it.
 - **restart**: requests sharing a system prompt served twice by one engine (the second
   pass is a warm engine's hits), then once by a new engine on the same folder: the share of
   the warm engine's hits the new one gets from its first requests.
@@ -22,7 +22,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import median
 
@@ -48,16 +48,21 @@ FIRST = SamplingParams(max_new_tokens=1, temperature=0)
 
 
 @dataclass(frozen=True)
+class ChatShape:
+    conversations: int
+    document: int  # tokens each conversation opens with
+    pool: int  # KV slots, a quarter of the chat's working set
+    running: int  # requests running at once: what the pool holds of the longest
+
+
+@dataclass(frozen=True)
 class TiersBenchConfig:
     model: str = "bench-135m"
     prefix_tokens: int = 4096
     rounds: int = 3
     restart_requests: int = 8
-    chat_conversations: int = 16
-    chat_document: int = 640  # tokens each conversation opens with
+    chat_shapes: tuple[ChatShape, ...] = (ChatShape(16, 640, 4096, 4), ChatShape(8, 2048, 4864, 2))
     chat_turns: int = 6
-    chat_pool: int = 4096  # KV slots, a quarter of the chat's working set
-    chat_running: int = 4  # requests running at once: what the pool holds of the longest
     chat_rounds: int = 2
     system_tokens: int = 1024
     user_tokens: int = 64
@@ -147,11 +152,11 @@ def restart_rows(cfg: TiersBenchConfig, folder: Path, step: Callable[[str], None
     return rows
 
 
-def chat_once(cfg: TiersBenchConfig, folder: Path | None, vocab: int) -> dict:
+def chat_once(cfg: TiersBenchConfig, shape: ChatShape, folder: Path | None, vocab: int) -> dict:
     chat = MultiTurnChat(  # one "system prompt" per conversation: its own document
-        num_system_prompts=cfg.chat_conversations,
-        system_prompt_len=cfg.chat_document,
-        num_conversations=cfg.chat_conversations,
+        num_system_prompts=shape.conversations,
+        system_prompt_len=shape.document,
+        num_conversations=shape.conversations,
         turns=cfg.chat_turns,
         user_len=48,
         output_len=16,
@@ -163,8 +168,8 @@ def chat_once(cfg: TiersBenchConfig, folder: Path | None, vocab: int) -> dict:
         waves.setdefault(req.wave, []).append(req)
     options = dict(
         page_size=cfg.page_size,
-        max_total_tokens=cfg.chat_pool,
-        max_running_requests=cfg.chat_running,
+        max_total_tokens=shape.pool,
+        max_running_requests=shape.running,
     )
     if folder is not None:
         options["disk_cache_dir"] = str(folder)
@@ -188,8 +193,9 @@ def chat_once(cfg: TiersBenchConfig, folder: Path | None, vocab: int) -> dict:
     working = tree.total_size
     return {
         "config": "disk tier" if folder is not None else "pool only",
+        "document": shape.document,
         "requests": len(outs),
-        "kv_pool": cfg.chat_pool,
+        "kv_pool": shape.pool,
         "working_set": working,
         "seconds": seconds,
         "requests_s": len(outs) / seconds,
@@ -201,22 +207,24 @@ def chat_once(cfg: TiersBenchConfig, folder: Path | None, vocab: int) -> dict:
 def chat_rows(cfg: TiersBenchConfig, folder: Path, step: Callable[[str], None]) -> list[dict]:
     with Engine(cfg.model, max_total_tokens=4 * cfg.page_size) as probe:
         vocab = probe.vocab_size
-    runs: dict[str, list[dict]] = {"disk tier": [], "pool only": []}
-    for r, label in enumerate(alternating(list(runs), cfg.chat_rounds)):
-        runs[label].append(chat_once(cfg, folder / str(r) if label == "disk tier" else None, vocab))
-        step(f"chat {label}")
-    slow = [r["seconds"] for r in runs["pool only"]]
     rows = []
-    for runs_of in runs.values():
-        ratio = paired(slow, [r["seconds"] for r in runs_of])
-        rows.append(
-            {
-                **median_round(runs_of),
-                "speedup": ratio["median"],
-                "speedup_min": ratio["min"],
-                "speedup_max": ratio["max"],
-            }
-        )
+    for n, shape in enumerate(cfg.chat_shapes):
+        runs: dict[str, list[dict]] = {"disk tier": [], "pool only": []}
+        for r, label in enumerate(alternating(list(runs), cfg.chat_rounds)):
+            tier = folder / f"{n}-{r}" if label == "disk tier" else None
+            runs[label].append(chat_once(cfg, shape, tier, vocab))
+            step(f"chat {label}")
+        slow = [r["seconds"] for r in runs["pool only"]]
+        for runs_of in runs.values():
+            ratio = paired(slow, [r["seconds"] for r in runs_of])
+            rows.append(
+                {
+                    **median_round(runs_of),
+                    "speedup": ratio["median"],
+                    "speedup_min": ratio["min"],
+                    "speedup_max": ratio["max"],
+                }
+            )
     return rows
 
 
@@ -241,9 +249,10 @@ TABLES = (
     ),
     TableSpec(
         "chat",
-        "a multi-turn chat over documents, four times the pool, with the disk tier and without",
+        "multi-turn chats over documents, four times the pool, with the disk tier and without",
         (
             Column("config", "config"),
+            Column("document", "document"),
             Column("working_set", "working set"),
             Column("kv_pool", "KV pool"),
             Column("requests_s", "req/s", num(2)),
@@ -268,10 +277,8 @@ QUICK = {
     "rounds": 1,
     "restart_requests": 2,
     "system_tokens": 64,
-    "chat_conversations": 6,
-    "chat_document": 128,
+    "chat_shapes": (ChatShape(6, 128, 512, 3),),
     "chat_turns": 3,
-    "chat_pool": 512,
 }
 
 
@@ -286,9 +293,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = TiersBenchConfig(model=args.model, prefix_tokens=args.prefix_tokens, rounds=args.rounds)
     if args.quick:
         cfg = replace(cfg, **QUICK)
-    total = cfg.rounds + 2 * cfg.chat_rounds + 2
+    total = cfg.rounds + 2 * cfg.chat_rounds * len(cfg.chat_shapes) + 2
     result = with_progress("bench tiers", total, lambda step: run_tiers_bench(cfg, step))
     print_tables(result, TABLES, args.wide)
     if args.json:
-        write_json(args.json, {"config": vars(cfg), **result})
+        write_json(args.json, {"config": asdict(cfg), **result})
     return 0

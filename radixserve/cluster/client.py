@@ -27,7 +27,8 @@ from radixserve.server.errors import ApiError
 logger = logging.getLogger("radixserve.cluster")
 LOST = (RayActorError, ActorUnavailableError, ReplicaUnavailableError)
 BROADCAST_TIMEOUT_S = 30.0
-MEANS = ("kv_usage", "memory_dedup_ratio", "lookup_p50_us", "lookup_p99_us")
+MEANS = ("kv_usage", "memory_dedup_ratio", "request_hit_rate")
+QUANTILES = ("_p50_s", "_p99_s", "_p50_us", "_p99_us")  # the worst replica's
 
 
 class ClusterEngine:
@@ -111,15 +112,22 @@ class ClusterEngine:
         return ray.get(self.directory.replicas.remote())
 
     def cache_stats(self) -> dict:
-        """The replicas' stats summed (rates recomputed, a few means)."""
+        """The replicas' stats summed: the token hit rate recomputed, usage and the share
+        of requests that hit averaged, latency quantiles the worst replica's."""
         summaries = list(self.replicas().values())
+        if not summaries:
+            raise ApiError(503, "no engine replica has reported yet", "server_error")
         total: dict = {"replicas": len(summaries)}
         for s in summaries:
             for key, value in s.items():
-                if isinstance(value, int | float) and not isinstance(value, bool):
+                if not isinstance(value, int | float) or isinstance(value, bool):
+                    continue
+                if key.endswith(QUANTILES):
+                    total[key] = max(total.get(key, value), value)
+                else:
                     total[key] = total.get(key, 0) + value
         for key in MEANS:
-            if key in total and summaries:
+            if key in total:
                 total[key] /= len(summaries)
         queried = max(1, total.get("queried_tokens", 0))
         total["token_hit_rate"] = total.get("hit_tokens", 0) / queried

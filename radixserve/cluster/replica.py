@@ -9,6 +9,7 @@ a replica to send the call to (the front door's broadcasts).
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import aclosing
 
 import ray
@@ -46,6 +47,7 @@ class EngineReplica:
         """Serve's call, every routing-stats period: the digest and load for the router;
         the summary goes to the directory on the way."""
         stats = await asyncio.to_thread(self.engine.routing_stats, DIGEST_KEYS)
+        stats["time"] = time.time()  # what the router sent after this is not in it
         summary = await asyncio.to_thread(self.engine.cache_stats)
         summary |= {
             "replica": self.replica,

@@ -2,11 +2,14 @@
 process, one per handle).
 
 - ``PrefixRouter``: sends a request where the tokens a replica's tree already holds, minus
-  the work queued there, save the most. What a tree holds comes from each replica's digest
-  (``cache.digest``, refreshed every routing-stats period) and, until the next digest
-  shows them, the router's own recent sends; a replica's load is the prompt tokens it was
-  sent and has not answered yet (or what it reports queued, if more: other front doors).
-  Nothing matching, or loads far apart: power of two choices.
+  the work queued there beyond a tolerance, save the most: within ``tolerance_tokens`` of
+  the idlest replica load costs nothing (a busy replica that holds the prefix does less
+  work in all than an idle one that must compute it), past it every queued token counts,
+  so a prefix too hot for one replica spreads to a second. What a tree holds comes from
+  each replica's digest (``cache.digest``, refreshed every routing-stats period) and, until
+  the next digest shows them, the router's own recent sends; a replica's load is the
+  prefill it reports queued plus what this router sent it since that report and it has
+  not answered yet. Nothing matching anywhere: power of two choices on load.
 - ``RoundRobinRouter`` and ``PowerOfTwoRouter``: the baselines.
 
 Every router honours ``payload["replica"]``: the front door addressing one replica.
@@ -78,25 +81,23 @@ class PrefixRouter(_Router):
         self,
         page_size: int,
         fingerprint: str,
-        imbalance_tokens: int = 8192,
-        load_weight: float = 1.0,
+        tolerance_tokens: int = 4096,
         remember_s: float = 5.0,
         remember_keys: int = 200_000,
     ) -> None:
         """``page_size`` and ``fingerprint``: how the replicas hash their pages;
-        ``imbalance_tokens``: queued tokens between the busiest and idlest replica past
-        which load alone decides; ``load_weight``: queued tokens' cost against matched ones;
+        ``tolerance_tokens``: queued tokens above the idlest replica's that cost nothing;
         sends are remembered ``remember_s`` (a few routing-stats periods)."""
         self.page_size = page_size
         self.fingerprint = fingerprint
-        self.imbalance_tokens = imbalance_tokens
-        self.load_weight = load_weight
+        self.tolerance_tokens = tolerance_tokens
         self.remember_s = remember_s
         self.remember_keys = remember_keys
         self._sent: OrderedDict[tuple[str, int], float] = OrderedDict()  # (replica, key) -> t
         self._digests: dict[str, tuple[int, frozenset[int]]] = {}  # replica -> (id, keys)
         self._lock = threading.Lock()  # completions are counted on Serve's threads
-        self._in_flight: dict[str, int] = {}  # replica -> prompt tokens sent, unanswered
+        # id(request) -> (replica, uncached tokens, when sent), until answered
+        self._in_flight: dict[int, tuple[str, int, float]] = {}
         self._costs: OrderedDict[int, int] = OrderedDict()  # id(request) -> uncached tokens
 
     def rank(self, replicas: list[RunningReplica], payload: dict, request: PendingRequest) -> Ranks:
@@ -121,18 +122,17 @@ class PrefixRouter(_Router):
                 0,
             )
             matched[rid] = depth * page
-            load[rid] = max(r.routing_stats.get("queued_tokens", 0), self._in_flight.get(rid, 0))
-        spread = max(load.values()) - min(load.values())
-        if not any(matched.values()) or spread > self.imbalance_tokens:
+            load[rid] = r.routing_stats.get("queued_tokens", 0) + self._sent_since(r)
+        free = min(load.values()) + self.tolerance_tokens
+
+        def saving(r: RunningReplica) -> tuple[float, float]:
+            rid = r.replica_id.unique_id
+            return matched[rid] - max(0, load[rid] - free), -load[rid]
+
+        if any(matched.values()):
+            chosen = max(replicas, key=saving)
+        else:  # nothing to save anywhere: power of two choices on load
             chosen = min(random.sample(replicas, 2), key=lambda r: load[r.replica_id.unique_id])
-        else:
-            chosen = max(
-                replicas,
-                key=lambda r: (
-                    matched[r.replica_id.unique_id]
-                    - self.load_weight * load[r.replica_id.unique_id]
-                ),
-            )
         self._remember(chosen.replica_id.unique_id, keys, now)
         self._costs[id(request)] = len(ids) - matched[chosen.replica_id.unique_id]
         while len(self._costs) > 10_000:  # requests routed again, or never sent
@@ -144,15 +144,21 @@ class PrefixRouter(_Router):
         cost = self._costs.pop(id(pending_request), None)
         if cost is None:
             return
-        rid = replica_id.unique_id
+        key = id(pending_request)
         with self._lock:
-            self._in_flight[rid] = self._in_flight.get(rid, 0) + cost
+            self._in_flight[key] = (replica_id.unique_id, cost, time.time())
 
         def answered(_) -> None:
             with self._lock:
-                self._in_flight[rid] -= cost
+                self._in_flight.pop(key, None)
 
         result.add_done_callback(answered)
+
+    def _sent_since(self, replica: RunningReplica) -> int:
+        """Uncached tokens sent to ``replica`` after its last report, still unanswered."""
+        rid, reported = replica.replica_id.unique_id, replica.routing_stats.get("time", 0.0)
+        with self._lock:
+            return sum(c for r, c, t in self._in_flight.values() if r == rid and t > reported)
 
     def _held(self, replica: RunningReplica) -> frozenset[int]:
         """The replica's digest keys, rebuilt only when its stats change."""

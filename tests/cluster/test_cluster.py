@@ -83,6 +83,8 @@ def test_a_cached_system_prompt_draws_its_requests_to_one_replica(cluster):
     time.sleep(1.5)  # and their summaries
     replicas = httpx.get(url + "/cluster", timeout=10).json()["replicas"]
     assert sorted(r["hit_tokens"] for r in replicas) == [0, 6 * 160]
+    metrics = httpx.get(url + "/metrics", timeout=10).text  # summed over the replicas
+    assert "radixserve_prefix_cache_hits_total 960.0" in metrics
 
 
 def test_tenants_never_share_cache_entries(cluster):

@@ -1,0 +1,214 @@
+"""``radixserve bench cluster``: engine replicas on a local Ray Serve cluster under a
+multi-tenant chat load (system prompts with Zipf popularity, a user question each, Poisson
+arrivals), one router after another: the prefix router, round-robin, power of two choices,
+and one engine holding the whole machine (``single``: the hit rate routing aims at).
+Ray's own ``PrefixCacheAffinityRouter`` needs ``ray[llm]`` (which needs vLLM or SGLang in
+the same environment) and is not run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import time
+from dataclasses import dataclass, replace
+
+import httpx
+
+from radixserve.bench.report import (
+    Column,
+    TableSpec,
+    num,
+    pct,
+    plot_or_explain,
+    print_tables,
+    times,
+    with_progress,
+    write_json,
+)
+from radixserve.bench.serve_load import ChatLoad, drive, summarize
+from radixserve.bench.timing import alternating
+
+ROUTERS = ("prefix", "round-robin", "power-of-two")
+
+
+@dataclass(frozen=True)
+class ClusterBenchConfig:
+    model: str = "bench-135m"
+    replicas: int = 2
+    routers: tuple[str, ...] = ROUTERS
+    requests: int = 64
+    request_rate: float = float("inf")  # all at once: throughput is capacity
+    max_tokens: int = 16
+    system_prompts: int = 16
+    system_sentences: int = 72  # ~1,000 tokens each
+    zipf: float = 1.1
+    kv_pool: int = 10240  # per replica: over half the system prompts, not all of them
+    rounds: int = 1
+    seed: int = 0
+
+    def load(self) -> ChatLoad:
+        return ChatLoad(
+            requests=self.requests,
+            concurrency=64,
+            request_rate=self.request_rate,
+            max_tokens=self.max_tokens,
+            system_prompts=self.system_prompts,
+            system_sentences=self.system_sentences,
+            zipf=self.zipf,
+            seed=self.seed,
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _deploy(cfg: ClusterBenchConfig, label: str, url: str, cpus: float) -> None:
+    from ray import serve
+
+    from radixserve.cluster.app import ClusterSpec, build_app
+
+    replicas = 1 if label == "single" else cfg.replicas
+    pool = cfg.kv_pool * cfg.replicas // replicas  # the same memory in all
+    spec = ClusterSpec(
+        model=cfg.model,
+        replicas=replicas,
+        router="prefix" if label == "single" else label,
+        engine_options={"page_size": 16, "max_total_tokens": pool},
+        cpus_per_replica=cpus / replicas,
+    )
+    serve.run(build_app(spec), name="radixserve", route_prefix="/")
+    deadline = time.monotonic() + 120
+    while len(httpx.get(url + "/cluster", timeout=30).json()["replicas"]) < replicas:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{replicas} replicas never came up")
+        time.sleep(0.5)
+    warm = {"prompt": "warm up", "max_tokens": 2}
+    for _ in range(2 * replicas):  # the first forward of each replica pays its set-up
+        httpx.post(url + "/v1/completions", json=warm, timeout=120)
+    httpx.post(url + "/flush_cache", timeout=60)
+
+
+def run_cluster_bench(cfg: ClusterBenchConfig, step) -> dict:
+    import ray
+    from ray import serve
+
+    from radixserve.cluster.app import NAMESPACE
+
+    cpus = float(os.cpu_count() or 1)
+    ray.init(num_cpus=int(cpus), include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    runs: dict[str, list[dict]] = {label: [] for label in ("single", *cfg.routers)}
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        for label in alternating(list(runs), cfg.rounds):
+            _deploy(cfg, label, url, cpus)
+            records, seconds = asyncio.run(drive(url, cfg.load()))
+            runs[label].append(summarize(records, seconds))
+            serve.delete("radixserve")
+            step(label)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return {"rows": _rows(runs)}
+
+
+def _rows(runs: dict[str, list[dict]]) -> list[dict]:
+    from statistics import median
+
+    def med(label: str, key: str) -> float:
+        return median(r[key] for r in runs[label])
+
+    rows = []
+    for label, rounds in runs.items():
+        row = {"config": label, **{k: med(label, k) for k in rounds[0] if k != "first_error"}}
+        row["hit_vs_single"] = row["hit_rate"] / max(med("single", "hit_rate"), 1e-9)
+        if "round-robin" in runs:
+            base = runs["round-robin"]
+            pairs = [a["req_s"] / b["req_s"] for a, b in zip(rounds, base, strict=True)]
+            row["req_s_vs_rr"] = median(pairs)
+            row["req_s_vs_rr_min"], row["req_s_vs_rr_max"] = min(pairs), max(pairs)
+        row["first_error"] = next((r["first_error"] for r in rounds if r["first_error"]), "")
+        rows.append(row)
+    return rows
+
+
+TABLES = (
+    TableSpec(
+        "rows",
+        "replicas behind each router, against one engine with the whole machine",
+        (
+            Column("config", "router"),
+            Column("req_s", "req/s", num(2)),
+            Column("req_s_vs_rr", "vs RR", times),
+            Column("ttft_p50_ms", "TTFT p50", num(0)),
+            Column("ttft_p99_ms", "TTFT p99", num(0)),
+            Column("hit_rate", "hit", pct),
+            Column("hit_vs_single", "of single", pct),
+            Column("errors", "errors", wide=True),
+            Column("itl_p99_ms", "ITL p99", num(0), wide=True),
+        ),
+    ),
+)
+QUICK = {"model": "tiny", "requests": 24, "system_prompts": 4, "system_sentences": 4}
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["config"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.5))
+    for ax, key, title in (
+        (axes[0], "hit_rate", "token hit rate"),
+        (axes[1], "req_s", "requests/s"),
+        (axes[2], "ttft_p99_ms", "TTFT p99 (ms)"),
+    ):
+        ax.bar(labels, [r[key] for r in rows], color=["C7", "C0", "C1", "C2"][: len(rows)])
+        ax.set_title(title)
+        ax.tick_params(axis="x", labelrotation=20)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("bench cluster: two replicas under a multi-tenant chat load")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--plot", help="write a PNG chart here")
+    p.add_argument("--quick", action="store_true", help="small sizes, for smoke tests")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = ClusterBenchConfig(
+        model=args.model,
+        replicas=args.replicas,
+        routers=tuple(args.routers),
+        requests=args.requests,
+        request_rate=args.request_rate,
+        rounds=args.rounds,
+    )
+    if args.quick:
+        cfg = replace(cfg, **QUICK)
+    total = cfg.rounds * (1 + len(cfg.routers))
+    result = with_progress("bench cluster", total, lambda step: run_cluster_bench(cfg, step))
+    print_tables(result, TABLES, args.wide)
+    if args.json:
+        write_json(args.json, {"config": vars(cfg), **result})
+    if args.plot:
+        return plot_or_explain(lambda: plot(result["rows"], args.plot))
+    return 0
