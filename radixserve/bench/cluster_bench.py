@@ -159,29 +159,6 @@ TABLES = (
 QUICK = {"model": "tiny", "requests": 24, "system_prompts": 4, "system_sentences": 4}
 
 
-def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [r["config"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.5))
-    for ax, key, title in (
-        (axes[0], "hit_rate", "token hit rate"),
-        (axes[1], "req_s", "requests/s"),
-        (axes[2], "ttft_p99_ms", "TTFT p99 (ms)"),
-    ):
-        ax.bar(labels, [r[key] for r in rows], color=["C7", "C0", "C1", "C2"][: len(rows)])
-        ax.set_title(title)
-        ax.tick_params(axis="x", labelrotation=20)
-        ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("bench cluster: two replicas under a multi-tenant chat load")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
     p.add_argument("--replicas", type=int, default=2)
@@ -210,5 +187,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, {"config": vars(cfg), **result})
     if args.plot:
-        return plot_or_explain(lambda: plot(result["rows"], args.plot))
+        from radixserve.bench.plots import plot_cluster_bench
+
+        return plot_or_explain(lambda: plot_cluster_bench(result["rows"], args.plot))
     return 0

@@ -157,21 +157,35 @@ def plot_serve_frontier(rows: Sequence[dict], path: str | Path) -> None:
 
 def plot_structured_bench(rows: Sequence[dict], path: str | Path) -> None:
     """Forward passes and seconds per configuration of the JSON-extraction workload."""
+    panels = (("steps", "forward passes"), ("seconds", "seconds (median round)"))
+    _bar_panels(rows, panels, "bench structured: JSON extraction under a shared document", path)
+
+
+def plot_cluster_bench(rows: Sequence[dict], path: str | Path) -> None:
+    """Hit rate, throughput and TTFT p99 per router (and one engine alone)."""
+    panels = (
+        ("hit_rate", "token hit rate"),
+        ("req_s", "requests/s"),
+        ("ttft_p99_ms", "TTFT p99 (ms)"),
+    )
+    _bar_panels(rows, panels, "bench cluster: two replicas under a multi-tenant chat load", path)
+
+
+def _bar_panels(rows: Sequence[dict], panels, title: str, path: str | Path) -> None:
+    """One bar chart per ``(key, title)`` panel, a bar per row's ``config``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     labels = [r["config"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for ax, key, title in (
-        (axes[0], "steps", "forward passes"),
-        (axes[1], "seconds", "seconds (median round)"),
-    ):
-        ax.bar(labels, [r[key] for r in rows], color=["C0", "C2", "C7"][: len(rows)])
-        ax.set_title(title)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels) - 1, 3.5), squeeze=False)
+    for ax, (key, name) in zip(axes[0], panels, strict=True):
+        ax.bar(labels, [r[key] for r in rows], color=[f"C{i}" for i in range(len(rows))])
+        ax.set_title(name)
+        ax.tick_params(axis="x", labelrotation=20)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("bench structured: JSON extraction under a shared document")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

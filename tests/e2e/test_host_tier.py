@@ -16,12 +16,18 @@ def engine(**options) -> Engine:
     return Engine("tiny", check_invariants=True, **options)
 
 
-def test_an_evicted_prefix_comes_back_from_host_memory(recomputed):  # noqa: F811
-    with engine(host_cache_size_gb=1.0) as e:
+def served_again(**options) -> tuple[list[dict], dict]:
+    """Three prompts served, evicted by others, and served again: the second outputs and
+    the engine's stats."""
+    with engine(**options) as e:
         e.generate(input_ids=prompts(0, 3), sampling_params=GREEDY)
         flood(e)
         again = [e.generate(input_ids=p, sampling_params=GREEDY) for p in prompts(0, 3)]
-        stats = e.cache_stats()
+        return again, e.cache_stats()
+
+
+def test_an_evicted_prefix_comes_back_from_host_memory(recomputed):  # noqa: F811
+    again, stats = served_again(host_cache_size_gb=1.0)
     assert [o["token_ids"] for o in again] == recomputed
     tiers = [o["meta_info"]["cached_tokens_by_tier"] for o in again]
     assert all(t["host"] > 0 and t["disk"] == 0 and t["device"] + t["host"] == 196 for t in tiers)
@@ -30,12 +36,7 @@ def test_an_evicted_prefix_comes_back_from_host_memory(recomputed):  # noqa: F81
 
 
 def test_host_memory_pushes_pages_down_to_disk_which_serves_them(tmp_path, recomputed):  # noqa: F811
-    options = {"host_cache_size_gb": HOST_GB, "disk_cache_dir": str(tmp_path)}
-    with engine(**options) as e:
-        e.generate(input_ids=prompts(0, 3), sampling_params=GREEDY)
-        flood(e)
-        again = [e.generate(input_ids=p, sampling_params=GREEDY) for p in prompts(0, 3)]
-        stats = e.cache_stats()
+    again, stats = served_again(host_cache_size_gb=HOST_GB, disk_cache_dir=str(tmp_path))
     assert [o["token_ids"] for o in again] == recomputed
     tiers = [o["meta_info"]["cached_tokens_by_tier"] for o in again]
     assert all(t["disk"] > 0 and sum(t.values()) == 196 for t in tiers)
