@@ -114,8 +114,8 @@ def run_cluster_bench(cfg: ClusterBenchConfig, step) -> dict:
             serve.delete("radixserve")
             step(label)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        serve.delete("radixserve")
+        ray.shutdown()  # Serve goes with the local Ray
     return {"rows": _rows(runs)}
 
 

@@ -1,6 +1,7 @@
 """``radixserve serve --replicas N``: Ray (a local one, or a cluster's), Serve's HTTP proxy
 on ``--host``/``--port``, the application, then wait for SIGINT/SIGTERM and take down what
-was started (all of a local Ray; only this application on a cluster that was joined)."""
+was started (the application, then a local Ray with Serve in it; only the application on
+a cluster that was joined)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,5 @@ def serve_cluster(spec_args: dict, host: str, port: int, ray_address: str | None
     finally:
         serve.delete(APP_NAME)  # replicas stop gracefully: engines shut down
         if local:
-            serve.shutdown()
-            ray.shutdown()
+            ray.shutdown()  # Serve's controller and proxy go with the local Ray
     return 0

@@ -244,3 +244,14 @@ def test_bench_tiers_command_measures_disk_hits_and_a_restart(tmp_path, capsys):
     assert before["hit_tokens"] > 0 and after["disk_hit_tokens"] > 0
     assert after["of_before"] >= 0.9
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 80
+
+
+def test_bench_cluster_command_compares_the_routers(tmp_path, capsys):
+    out, png = tmp_path / "cluster.json", tmp_path / "cluster.png"
+    assert main(["bench", "cluster", "--quick", "--json", str(out), "--plot", str(png)]) == 0
+    rows = {r["config"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"single", "prefix", "round-robin", "power-of-two"}
+    assert all(r["errors"] == 0 and 0 < r["hit_rate"] < 1 for r in rows.values())
+    assert rows["single"]["hit_vs_single"] == 1.0 and rows["round-robin"]["req_s_vs_rr"] == 1.0
+    assert png.stat().st_size > 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 80
