@@ -36,6 +36,7 @@ class ClusterSpec:
     engine_options: dict = field(default_factory=dict)  # EngineConfig fields but the model
     served_model_name: str | None = None
     api_keys: dict[str, str] | None = None
+    router_options: dict = field(default_factory=dict)  # PrefixRouter.initialize_state's
     cpus_per_replica: float = 1.0
     directory: str = "radixserve-directory"
 
@@ -105,6 +106,7 @@ def build_app(spec: ClusterSpec):
         request_router_kwargs={
             "page_size": config.page_size,
             "fingerprint": config.routing_fingerprint,
+            **spec.router_options,
         },
         request_routing_stats_period_s=STATS_PERIOD_S,
         request_routing_stats_timeout_s=10 * STATS_PERIOD_S,
