@@ -96,7 +96,9 @@ class Ingress:
 def build_app(spec: ClusterSpec):
     """The application to ``serve.run``; creates the directory actor (owned by the caller's
     process, so it goes when that does)."""
-    if spec.directory not in _directories:  # the first handle owns it: keep that one
+    try:  # one per Ray session: an earlier build's, or a new one (its handle kept: it owns it)
+        ray.get_actor(spec.directory, namespace=NAMESPACE)
+    except ValueError:
         _directories[spec.directory] = Directory.options(
             name=spec.directory, namespace=NAMESPACE
         ).remote()
