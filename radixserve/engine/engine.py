@@ -17,8 +17,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 
-from radixserve.cache import RadixCache, create_prefix_cache
-from radixserve.cache.digest import tree_digest
+from radixserve.cache import create_prefix_cache
 from radixserve.engine import compute_thread
 from radixserve.engine.chat_format import ChatFormat, render_chat
 from radixserve.engine.config import EngineConfig
@@ -26,7 +25,7 @@ from radixserve.engine.constrained import ConstrainedDecoding
 from radixserve.engine.grammar import GrammarCompiler
 from radixserve.engine.intake import RequestFactory
 from radixserve.engine.logprobs import record_logprobs
-from radixserve.engine.metrics import EngineMetrics
+from radixserve.engine.metrics import EngineMetrics, routing_snapshot
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import Listener, request_output, stream_outputs
 from radixserve.engine.req import Req
@@ -203,20 +202,10 @@ class Engine:
         """What a router across replicas weighs: a digest of the tree (``cache.digest``; no
         keys without a radix cache) and the work queued, in tokens and requests."""
 
-        def stats() -> dict:
-            fingerprint = self.config.routing_fingerprint
-            waiting, running = self.scheduler.waiting, self.scheduler.running
-            digest = {"keys": [], "stride": 1, "page_size": self.config.page_size}
-            if isinstance(self.cache, RadixCache):
-                digest = tree_digest(self.cache, fingerprint, max_keys).to_dict()
-            return digest | {
-                "fingerprint": fingerprint,
-                "queued_tokens": sum(r.seq_len - r.computed_len for r in waiting + running),
-                "running": len(running),
-                "waiting": len(waiting),
-            }
-
-        return self._on_loop(stats)
+        fingerprint = self.config.routing_fingerprint
+        return self._on_loop(
+            lambda: routing_snapshot(self.cache, self.scheduler, fingerprint, max_keys)
+        )
 
     def check_invariants(self) -> None:
         """Audit the cache and slot accounting (from any thread; waits for the loop)."""

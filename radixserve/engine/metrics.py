@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from radixserve.cache import BasePrefixCache
+from radixserve.cache import BasePrefixCache, RadixCache
+from radixserve.cache.digest import tree_digest
 
 if TYPE_CHECKING:
     from radixserve.engine.scheduler import Scheduler
@@ -128,3 +129,20 @@ def _quantiles(samples: deque[float]) -> tuple[float, float]:
         return 0.0, 0.0
     p50, p99 = np.percentile(np.fromiter(samples, float), [50, 99])
     return float(p50), float(p99)
+
+
+def routing_snapshot(
+    cache: BasePrefixCache, scheduler: Scheduler, fingerprint: str, max_keys: int
+) -> dict:
+    """What a router across replicas weighs (taken on the scheduler thread): a digest of
+    the tree (no keys without a radix cache) and the work queued, in tokens and requests."""
+    waiting, running = scheduler.waiting, scheduler.running
+    digest = {"keys": [], "stride": 1, "page_size": cache.page_size}
+    if isinstance(cache, RadixCache):
+        digest = tree_digest(cache, fingerprint, max_keys).to_dict()
+    return digest | {
+        "fingerprint": fingerprint,
+        "queued_tokens": sum(r.seq_len - r.computed_len for r in waiting + running),
+        "running": len(running),
+        "waiting": len(waiting),
+    }
