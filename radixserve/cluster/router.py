@@ -18,6 +18,7 @@ Serve then takes the least loaded replica of the first rank that has room.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -96,8 +97,9 @@ class PrefixRouter(_Router):
         self._sent: OrderedDict[tuple[str, int], float] = OrderedDict()  # (replica, key) -> t
         self._digests: dict[str, tuple[int, frozenset[int]]] = {}  # replica -> (id, keys)
         self._lock = threading.Lock()  # completions are counted on Serve's threads
-        # id(request) -> (replica, uncached tokens, when sent), until answered
+        # a number per send -> (replica, uncached tokens, when sent), until answered
         self._in_flight: dict[int, tuple[str, int, float]] = {}
+        self._sends = itertools.count()
         self._costs: OrderedDict[int, int] = OrderedDict()  # id(request) -> uncached tokens
 
     def rank(self, replicas: list[RunningReplica], payload: dict, request: PendingRequest) -> Ranks:
@@ -144,7 +146,7 @@ class PrefixRouter(_Router):
         cost = self._costs.pop(id(pending_request), None)
         if cost is None:
             return
-        key = id(pending_request)
+        key = next(self._sends)  # not id(): the request may be gone before its answer
         with self._lock:
             self._in_flight[key] = (replica_id.unique_id, cost, time.time())
 
