@@ -92,9 +92,11 @@ class StepCostModel:
 
 
 class ItlBudget:
-    """Sizes each step's prefill to an inter-token-latency target. Until the model has seen
-    enough prefill steps it probes: the allowance doubles after a step within the target and
-    halves after one over it, so the first steps neither stall decodes nor crawl."""
+    """Sizes the prefill of each step that carries decodes to an inter-token-latency target;
+    a step without decodes has no one's latency to protect and takes the token budget whole.
+    Until the model has seen enough prefill steps it probes: the allowance doubles after a
+    step within the target and halves after one over it, so the first steps neither stall
+    decodes nor crawl."""
 
     def __init__(self, target_s: float, page: int, max_tokens: int) -> None:
         self.target_s = target_s
@@ -104,6 +106,8 @@ class ItlBudget:
         self.probe = page
 
     def budget(self, tokens: int, decode_contexts: list[int]) -> PrefillBudget:
+        if not decode_contexts:
+            return PrefillBudget(tokens, self.page)
         if not self.model.fitted:
             return PrefillBudget(min(tokens, self.probe), self.page)
         decode = self.model.predict(step_features((), decode_contexts))
@@ -111,7 +115,7 @@ class ItlBudget:
 
     def observe(self, features: np.ndarray, seconds: float) -> None:
         self.model.observe(features, seconds)
-        if features[1]:
+        if features[1] and features[2]:  # a step that prefilled beside decodes
             grow = seconds <= self.target_s
             self.probe = min(self.max_tokens, self.probe * 2) if grow else self.probe // 2
             self.probe = max(self.page, self.probe)

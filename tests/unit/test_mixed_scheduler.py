@@ -1,6 +1,7 @@
 """Mixed steps with the fake model: decodes first and all of them, the token budget counting
 decodes, the one-page floor, the share cap between prefills, and the ITL target followed
-when a step's time is a known function of its shape."""
+when a step's time is a known function of its shape (and left aside when nothing
+decodes)."""
 
 import numpy as np
 import pytest
@@ -92,11 +93,13 @@ def test_what_the_others_leave_goes_back_to_the_capped_chunk():
     assert [(w.req, w.end - w.start) for w in batch.work] == [(long, 64)]
 
 
+FAKE_COEF = np.array([2e-3, 5e-5, 2e-4, 1e-8, 1e-9])
+
+
 def step_seconds(batch) -> float:
     """The fake machine: a step costs 2 ms, 0.05 ms per prefill token, 0.2 ms per decode row,
     plus attention (1 ms per 100k KV tokens read by decodes, 1 ms per 1M extend pairs)."""
-    f = batch.features()
-    return float(f @ np.array([2e-3, 5e-5, 2e-4, 1e-8, 1e-9]))
+    return float(batch.features() @ FAKE_COEF)
 
 
 @pytest.mark.parametrize("target_ms", [12.0, 40.0])
@@ -123,6 +126,17 @@ def test_the_itl_target_is_followed_when_step_time_is_a_function_of_the_batch(ta
     assert h.metrics.prefill_budget_tokens > 0
 
 
+def test_a_step_without_decodes_takes_the_whole_token_budget_under_a_target():
+    rng = np.random.default_rng(9)
+    h = Harness(page_size=4, chunked_prefill_size=2048, itl_target_ms=1.0)
+    prompt = rng.integers(3, 900, 300).tolist()
+    req = h.add(prompt, max_new_tokens=2)
+    batch = h.step()  # nobody decodes: no one's latency to protect
+    assert prefill_tokens(batch) == 300 and req.output_ids
+    h.run()
+    assert req.output_ids == expected_output(prompt, 2)
+
+
 def test_below_a_target_the_decodes_alone_exceed_prefill_still_moves_a_page_a_step():
     rng = np.random.default_rng(6)
     h = Harness(page_size=4, itl_target_ms=1.0)  # 2 ms of fixed cost alone
@@ -138,7 +152,7 @@ def test_below_a_target_the_decodes_alone_exceed_prefill_still_moves_a_page_a_st
 
 
 def test_the_cost_model_recovers_known_coefficients():
-    coef = np.array([2e-3, 5e-5, 2e-4, 1e-8, 1e-9])
+    coef = FAKE_COEF
     rng = np.random.default_rng(7)
     model = StepCostModel()
     for _ in range(40):
