@@ -39,14 +39,14 @@ class ClusterBenchConfig:
     model: str = "bench-135m"
     replicas: int = 2
     routers: tuple[str, ...] = ROUTERS
-    requests: int = 64
-    request_rate: float = float("inf")  # all at once: throughput is capacity
+    requests: int = 256  # 16 users a system prompt on average
+    request_rate: float = 8.0  # Poisson, above what the machine serves: req/s is capacity
     max_tokens: int = 16
     system_prompts: int = 16
     system_sentences: int = 72  # ~1,000 tokens each
     zipf: float = 1.1
     kv_pool: int = 10240  # per replica: over half the system prompts, not all of them
-    rounds: int = 1
+    rounds: int = 2
     seed: int = 0
 
     def load(self) -> ChatLoad:
@@ -156,16 +156,23 @@ TABLES = (
         ),
     ),
 )
-QUICK = {"model": "tiny", "requests": 24, "system_prompts": 4, "system_sentences": 4}
+QUICK = {
+    "model": "tiny",
+    "requests": 24,
+    "request_rate": float("inf"),
+    "rounds": 1,
+    "system_prompts": 4,
+    "system_sentences": 4,
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
-    p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--request-rate", type=float, default=float("inf"))
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--request-rate", type=float, default=8.0, help="Poisson; inf: all at once")
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--plot", help="write a PNG chart here")
     p.add_argument("--quick", action="store_true", help="small sizes, for smoke tests")
 
