@@ -71,8 +71,11 @@ def test_cascade_equals_plain(shared_lens, members, private, extend, kv_heads, g
         outs.append(backend.attend(0, q, k, v, batch.kv_slots, batch.attn_metadata))
     (o1, lse1), (o2, lse2) = outs
     meta = cascade.attn_metadata
-    if extend * group >= dense_blocks.DENSE_MIN_QUERIES:  # every group is a dense block
-        assert len(meta.dense.shared) >= len(groups) and not meta.dense.native_groups
+    if extend * group >= dense_blocks.DENSE_MIN_QUERIES:
+        # a group is a dense block when its queries times its path are work enough for one
+        work = dense_blocks.DENSE_MIN_WORK[dtype]
+        blocks = [g for g in groups if len(g.members) * extend * group * g.shared_len >= work]
+        assert len(meta.dense.shared) >= len(blocks) and not meta.dense.native_groups
     elif meta.dense.native_groups:  # a native cascade adds the shared rows to the plan
         assert meta.plan.num_rows > plain.attn_metadata.plan.num_rows
     # a dense block's bfloat16 output is rounded to bfloat16 (the native kernel's is not)
