@@ -301,17 +301,31 @@ void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
   }
 }
 
+// Query vectors of the many-query path: sixteen queries to a vector with AVX-512, whose 32
+// registers also hold four such vectors' accumulators beside a step's broadcasts, so each
+// K/V element loaded feeds four times the multiply-adds of one 8-wide vector (AVX2: eight
+// queries a vector, two vectors a step, in its 16 registers).
+#ifdef __AVX512F__
+typedef f16v QV;
+constexpr int64_t kQLanes = 16;
+constexpr bool kWideStep = true;
+#else
+typedef f8 QV;
+constexpr int64_t kQLanes = 8;
+constexpr bool kWideStep = false;
+#endif
+
 // One step of kKeys packed keys ([kKeys][D] K and V) for NV adjacent query vectors (their
 // transposed queries and outputs D vectors apart). Each broadcast K or V element feeds NV
 // multiply-adds, and keys go four at a time, so the accumulators stay in registers.
 template <int NV>
-inline void attend_step(const f8* qv, f8* ov, f8* m, f8* l, const f8* seen, const float* kb,
+inline void attend_step(const QV* qv, QV* ov, QV* m, QV* l, const QV* seen, const float* kb,
                         const float* vb, int64_t t0, int64_t D) {
-  f8 s[NV][kKeys];
+  QV s[NV][kKeys];
   for (int64_t j0 = 0; j0 < kKeys; j0 += 4) {
-    f8 acc[NV][4] = {};
+    QV acc[NV][4] = {};
     for (int64_t d = 0; d < D; ++d) {
-      f8 qd[NV];
+      QV qd[NV];
       for (int n = 0; n < NV; ++n) qd[n] = qv[n * D + d];
       for (int64_t j = 0; j < 4; ++j) {
         const float kd = kb[(j0 + j) * D + d];
@@ -321,17 +335,17 @@ inline void attend_step(const f8* qv, f8* ov, f8* m, f8* l, const f8* seen, cons
     for (int n = 0; n < NV; ++n)
       for (int64_t j = 0; j < 4; ++j) s[n][j0 + j] = acc[n][j];
   }
-  f8 p[NV][kKeys], correction[NV];
+  QV p[NV][kKeys], correction[NV];
   for (int n = 0; n < NV; ++n) {
-    f8 mx = m[n];
+    QV mx = m[n];
     for (int64_t j = 0; j < kKeys; ++j) {
-      s[n][j] = seen[n] > static_cast<float>(t0 + j) ? s[n][j] : splat(kNone);
+      s[n][j] = seen[n] > static_cast<float>(t0 + j) ? s[n][j] : splat<QV>(kNone);
       mx = vmax(mx, s[n][j]);
     }
     correction[n] = exp_nonpositive(m[n] - mx);
-    f8 sum = {};
+    QV sum = {};
     for (int64_t j = 0; j < kKeys; ++j) {
-      p[n][j] = seen[n] > static_cast<float>(t0 + j) ? exp_nonpositive(s[n][j] - mx) : f8{};
+      p[n][j] = seen[n] > static_cast<float>(t0 + j) ? exp_nonpositive(s[n][j] - mx) : QV{};
       sum += p[n][j];
     }
     m[n] = mx;
@@ -339,7 +353,7 @@ inline void attend_step(const f8* qv, f8* ov, f8* m, f8* l, const f8* seen, cons
   }
   for (int64_t j0 = 0; j0 < kKeys; j0 += 4) {
     for (int64_t d = 0; d < D; ++d) {
-      f8 acc[NV];
+      QV acc[NV];
       for (int n = 0; n < NV; ++n) acc[n] = j0 == 0 ? ov[n * D + d] * correction[n] : ov[n * D + d];
       for (int64_t j = 0; j < 4; ++j) {
         const float vd = vb[(j0 + j) * D + d];
@@ -350,14 +364,6 @@ inline void attend_step(const f8* qv, f8* ov, f8* m, f8* l, const f8* seen, cons
   }
 }
 
-// With AVX-512's 32 vector registers, four query vectors' accumulators fit beside a step's
-// broadcasts, so each K/V element loaded feeds twice the multiply-adds (AVX2 has 16).
-#ifdef __AVX512F__
-constexpr bool kWideStep = true;
-#else
-constexpr bool kWideStep = false;
-#endif
-
 // One item: a softmax state per (row, head) in (part_o, part_m, part_l), over its keys.
 template <int64_t kD, typename KV>
 void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
@@ -367,22 +373,22 @@ void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
   const int64_t row0 = it.row0, rows = it.rows;
   const int64_t H = shape.heads, HKV = shape.kv_heads, G = H / HKV;
   const int64_t D = kD ? kD : shape.head_dim;  // a constant for the common head sizes
-  const int64_t nq = rows * G, nvec = (nq + kLanes - 1) / kLanes;
+  const int64_t nq = rows * G, nvec = (nq + kQLanes - 1) / kQLanes;
   const int64_t* slots = pools.slots + it.key_start;
 
-  // Vector (h, vec), index h * nvec + vec, holds queries i = vec * 8 + lane of KV head h:
+  // Vector (h, vec), index h * nvec + vec, holds queries i = vec * kQLanes + lane of KV head h:
   // row i / G, query head h * G + i % G.
-  std::vector<f8> qt(HKV * nvec * D), ot(HKV * nvec * D), m(HKV * nvec), l(HKV * nvec),
+  std::vector<QV> qt(HKV * nvec * D), ot(HKV * nvec * D), m(HKV * nvec), l(HKV * nvec),
       seen(HKV * nvec);
   std::vector<int64_t> seen_max(HKV * nvec);
   int64_t max_seen = 0;
   for (int64_t h = 0; h < HKV; ++h) {
     for (int64_t vec = 0; vec < nvec; ++vec) {
       const int64_t hv = h * nvec + vec;
-      f8 vis = {};
+      QV vis = {};
       int64_t vis_max = 0;
-      for (int64_t lane = 0; lane < kLanes; ++lane) {
-        const int64_t i = vec * kLanes + lane;
+      for (int64_t lane = 0; lane < kQLanes; ++lane) {
+        const int64_t i = vec * kQLanes + lane;
         int64_t visible = 0;
         const float* src = nullptr;
         if (i < nq) {
@@ -396,9 +402,9 @@ void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
       seen[hv] = vis;
       seen_max[hv] = vis_max;
       max_seen = std::max(max_seen, vis_max);
-      m[hv] = splat(kNone);
-      l[hv] = f8{};
-      for (int64_t d = 0; d < D; ++d) ot[hv * D + d] = f8{};
+      m[hv] = splat<QV>(kNone);
+      l[hv] = QV{};
+      for (int64_t d = 0; d < D; ++d) ot[hv * D + d] = QV{};
     }
   }
 
@@ -436,7 +442,7 @@ void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
 
   for (int64_t h = 0; h < HKV; ++h) {
     for (int64_t i = 0; i < nq; ++i) {
-      const int64_t hv = h * nvec + i / kLanes, lane = i % kLanes;
+      const int64_t hv = h * nvec + i / kQLanes, lane = i % kQLanes;
       const int64_t row = row0 + i / G, hq = h * G + i % G;
       float* dst = part_o + (row * H + hq) * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = ot[hv * D + d][lane];

@@ -12,6 +12,26 @@ typedef float f8 __attribute__((vector_size(32)));
 typedef int32_t i8 __attribute__((vector_size(32)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
+// Sixteen-float vectors, where the CPU has AVX-512 (kernels that pick their width use them).
+#ifdef __AVX512F__
+typedef float f16v __attribute__((vector_size(64)));
+typedef int32_t i16v __attribute__((vector_size(64)));
+#endif
+
+// The integer vector of a float vector's width.
+template <typename V>
+struct IntVec;
+template <>
+struct IntVec<f8> {
+  using type = i8;
+};
+#ifdef __AVX512F__
+template <>
+struct IntVec<f16v> {
+  using type = i16v;
+};
+#endif
+
 // An unaligned 8-float load or store.
 typedef float f8u __attribute__((vector_size(32), aligned(4), may_alias));
 inline f8 load8(const float* p) { return *reinterpret_cast<const f8u*>(p); }
@@ -34,24 +54,32 @@ inline float to_float(uint16_t x) {
   return f;
 }
 
-inline f8 splat(float x) { return f8{} + x; }
+template <typename V = f8>
+inline V splat(float x) {
+  return V{} + x;
+}
 
-inline f8 vmax(f8 a, f8 b) { return a > b ? a : b; }
+template <typename V>
+inline V vmax(V a, V b) {
+  return a > b ? a : b;
+}
 
 // exp(x) for x <= 0, lane-wise: 2^(x log2 e) split into an integer power (built in the
 // exponent bits) and e^f, |f| <= ln2 / 2, by a degree-6 polynomial (relative error ~2e-7).
 // Arguments below -87 give ~1e-38 rather than 0; callers mask what must be exactly 0.
-inline f8 exp_nonpositive(f8 x) {
-  const f8 t = vmax(x, splat(-87.0f)) * 1.44269504088896341f;
-  const f8 n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
-  const f8 f = (t - n) * 0.693147180559945309f;
-  const f8 p =
+template <typename V>
+inline V exp_nonpositive(V x) {
+  const V t = vmax(x, splat<V>(-87.0f)) * 1.44269504088896341f;
+  const V n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
+  const V f = (t - n) * 0.693147180559945309f;
+  const V p =
       1.0f +
       f * (1.0f + f * (0.5f + f * (0.166666667f + f * (0.0416666667f +
                                                           f * (0.00833333333f +
                                                                f * 0.00138888889f)))));
-  const i8 bits = (__builtin_convertvector(n, i8) + 127) << 23;
-  f8 scale;
+  using I = typename IntVec<V>::type;
+  const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+  V scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }

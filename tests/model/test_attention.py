@@ -15,8 +15,10 @@ from radixserve.attention import (
     NativeAttentionBackend,
     TorchAttentionBackend,
 )
-from radixserve.csrc import native_available
+from radixserve.csrc import load_native, native_available
 from radixserve.memory.kv_pool import KVPool
+
+from .builds import TARGETS
 
 BACKENDS = [
     TorchAttentionBackend,
@@ -56,6 +58,7 @@ def test_torch_backend_matches_reference(lens, kv_heads, group, head_dim, dtype,
 
 
 @pytest.mark.skipif(not native_available(), reason="native kernels did not build")
+@pytest.mark.parametrize("march", TARGETS)
 @settings(max_examples=60, deadline=None)
 @given(
     # long enough contexts to cut keys into chunks and extends into query blocks
@@ -66,9 +69,9 @@ def test_torch_backend_matches_reference(lens, kv_heads, group, head_dim, dtype,
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     seed=st.integers(0, 2**16),
 )
-def test_native_backend_matches_reference(lens, kv_heads, group, head_dim, dtype, seed):
+def test_native_backend_matches_reference(march, lens, kv_heads, group, head_dim, dtype, seed):
     check_against_reference(
-        lens, kv_heads, group, head_dim, dtype, seed, NativeAttentionBackend, pool_slots=4608
+        lens, kv_heads, group, head_dim, dtype, seed, NativeAttentionBackend, 4608, march
     )
 
 
@@ -84,7 +87,15 @@ def test_decode_batches(lens, dtype, backend_cls):
 
 
 def check_against_reference(
-    lens, kv_heads, group, head_dim, dtype, seed, backend_cls=TorchAttentionBackend, pool_slots=256
+    lens,
+    kv_heads,
+    group,
+    head_dim,
+    dtype,
+    seed,
+    backend_cls=TorchAttentionBackend,
+    pool_slots=256,
+    march="native",
 ):
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -107,6 +118,9 @@ def check_against_reference(
     v = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype)
     scale = 1 / math.sqrt(head_dim)
     backend = backend_cls(pool, heads, kv_heads, head_dim, scale)
+    if march != "native":
+        backend.kernels = load_native(march)
+        assert backend.kernels is not None, f"the native kernels did not build for {march}"
     backend.prepare(batch)
     out = backend.forward(1, q, k, v, batch)
     assert torch.equal(pool.k[1][batch.out_slots], k)

@@ -8,6 +8,8 @@ from radixserve.csrc import load_native, native_available
 from radixserve.model import linear as linear_module
 from radixserve.model.linear import FEW_ROWS, NATIVE_BF16_ROWS, NATIVE_ROWS, Linear, linear
 
+from .builds import TARGETS
+
 needs_native = pytest.mark.skipif(not native_available(), reason="native kernels did not build")
 
 
@@ -33,28 +35,6 @@ def test_bfloat16_rows_match_torch_within_rounding(rows):
     # float32 accumulation, one rounding at the end: within bfloat16's step of the exact sum
     exact = F.linear(x.double(), w.double())
     torch.testing.assert_close(out.double(), exact, rtol=1e-2, atol=2e-2)
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return set()
-
-
-# The kernel's tiles differ with AVX-512 (16-float vectors) and without (8-float): on a CPU
-# with AVX-512 the narrower build is checked too, built for x86-64-v3 (AVX2).
-TARGETS = [
-    "native",
-    pytest.param(
-        "x86-64-v3",
-        marks=pytest.mark.skipif(
-            "avx512f" not in _cpu_flags() or "avx2" not in _cpu_flags(),
-            reason="this CPU's own build is the AVX2 one (or it cannot run one)",
-        ),
-    ),
-]
 
 
 @needs_native
