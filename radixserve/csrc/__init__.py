@@ -23,6 +23,7 @@ SOURCES = (
     "bindings.cpp",
     "elementwise.cpp",
     "linear_rows.cpp",
+    "merge_states.cpp",
     "paged_attention.cpp",
     "prefix_match.cpp",
 )

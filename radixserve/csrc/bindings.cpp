@@ -3,6 +3,7 @@
 
 #include "elementwise.h"
 #include "linear_rows.h"
+#include "merge_states.h"
 #include "paged_attention.h"
 
 namespace {
@@ -59,6 +60,41 @@ std::vector<torch::Tensor> paged_attention(torch::Tensor q, torch::Tensor k_pool
       TORCH_CHECK(false, "the native kernels read float32 or bfloat16 K/V, not ",
                   k_pool.dtype());
     }
+  }
+  return {out, lse};
+}
+
+// Softmax states of parts of one attention, merged per token: (out, lse) as paged_attention's.
+std::vector<torch::Tensor> merge_states(const std::vector<torch::Tensor>& tokens,
+                                        const std::vector<torch::Tensor>& outs,
+                                        const std::vector<torch::Tensor>& lses,
+                                        int64_t num_tokens) {
+  TORCH_CHECK(!outs.empty() && tokens.size() == outs.size() && lses.size() == outs.size(),
+              "give each part's tokens, out and lse");
+  const int64_t heads = outs[0].size(1), head_dim = outs[0].size(2);
+  std::vector<radixserve::StatePart> parts;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    check_index(tokens[i], "tokens");
+    const int64_t n = tokens[i].numel();
+    TORCH_CHECK(outs[i].scalar_type() == torch::kFloat32 && outs[i].is_contiguous() &&
+                    outs[i].dim() == 3 && outs[i].size(0) == n && outs[i].size(1) == heads &&
+                    outs[i].size(2) == head_dim,
+                "each out must be contiguous float32 [tokens, heads, head_dim]");
+    TORCH_CHECK(lses[i].scalar_type() == torch::kFloat32 && lses[i].is_contiguous() &&
+                    lses[i].dim() == 2 && lses[i].size(0) == n && lses[i].size(1) == heads,
+                "each lse must be contiguous float32 [tokens, heads]");
+    const int64_t* t = tokens[i].data_ptr<int64_t>();
+    TORCH_CHECK(std::all_of(t, t + n, [&](int64_t x) { return 0 <= x && x < num_tokens; }),
+                "a part names a token outside the batch");
+    parts.push_back({t, n, outs[i].data_ptr<float>(), lses[i].data_ptr<float>()});
+  }
+  auto opts = outs[0].options();
+  auto out = torch::empty({num_tokens, heads, head_dim}, opts);
+  auto lse = torch::empty({num_tokens, heads}, opts);
+  {
+    pybind11::gil_scoped_release no_gil;
+    radixserve::merge_states(parts, num_tokens, heads, head_dim, out.data_ptr<float>(),
+                             lse.data_ptr<float>());
   }
   return {out, lse};
 }
@@ -179,6 +215,7 @@ int64_t matching_prefix(const pybind11::bytes& key, int64_t pos, const pybind11:
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "Paged attention over the KV pool by plan");
+  m.def("merge_states", &merge_states, "softmax states of attention parts merged by lse");
   m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x, float32 out");
   m.def("add_rms_norm", &add_rms_norm, "residual += x (if given), then weight * rms_norm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
