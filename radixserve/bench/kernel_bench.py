@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,6 +25,7 @@ from radixserve.attention import (
     PrefixGroup,
     TorchAttentionBackend,
 )
+from radixserve.bench.rates import BandwidthProbe
 from radixserve.bench.report import (
     Column,
     TableSpec,
@@ -73,7 +73,7 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dic
     hf = preset_hf_config(cfg.preset)
     heads, kv_heads = hf.num_attention_heads, hf.num_key_value_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
-    probe = _BandwidthProbe()
+    probe = BandwidthProbe()
     rows = []
     for dtype in cfg.dtypes:
         shape = _Shape(heads, kv_heads, head_dim, _DTYPES[dtype], cfg.page_size)
@@ -97,21 +97,6 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dic
         "linear": linear,
         "matcher": matcher,
     }
-
-
-class _BandwidthProbe:
-    """A torch sum (all threads) over a tensor larger than the caches: it only reads, as an
-    attention kernel does, so the bytes a case must read over its bandwidth are that case's
-    limit (the median of its probes, so a slow spell slows the limit too)."""
-
-    def __init__(self) -> None:
-        self.src = torch.ones(_probe_bytes() // 4)
-
-    def read(self) -> None:
-        self.src.sum()
-
-    def bandwidth(self, seconds: float) -> float:
-        return self.src.numel() * 4 / seconds
 
 
 @dataclass(frozen=True)
@@ -138,14 +123,14 @@ class _Shape:
     def kv_bytes(self, tokens: int) -> int:
         return 2 * tokens * self.kv_heads * self.head_dim * self.dtype.itemsize
 
-    def decode(self, batch: int, context: int, probe: _BandwidthProbe, cfg) -> dict:
+    def decode(self, batch: int, context: int, probe: BandwidthProbe, cfg) -> dict:
         rng = np.random.default_rng(cfg.seed)
         pool, slots = self.pool(batch * context, rng)
         reqs = [ExtendRequest([0], slots[b * context : (b + 1) * context]) for b in range(batch)]
         times = self._compare(pool, reqs, probe, cfg.reps)
         return self._row("decode", f"{batch} x {context}", times, probe, batch * context)
 
-    def extend(self, batch: int, prefix: int, new: int, probe: _BandwidthProbe, cfg) -> dict:
+    def extend(self, batch: int, prefix: int, new: int, probe: BandwidthProbe, cfg) -> dict:
         rng = np.random.default_rng(cfg.seed)
         seq = prefix + new
         pool, slots = self.pool(batch * seq, rng)
@@ -154,7 +139,7 @@ class _Shape:
         case = f"{batch} x ({prefix} cached + {new} new)"
         return self._row("extend", case, times, probe, batch * seq)
 
-    def cascade(self, probe: _BandwidthProbe, cfg) -> dict:
+    def cascade(self, probe: BandwidthProbe, cfg) -> dict:
         """Decode for requests sharing a prefix: the native kernel plain (each request reads
         the prefix) against the same kernel given the group (the prefix read once)."""
         rng = np.random.default_rng(cfg.seed)
@@ -186,7 +171,7 @@ class _Shape:
         }
 
     def _compare(
-        self, pool: KVPool, reqs: list[ExtendRequest], probe: _BandwidthProbe, reps: int
+        self, pool: KVPool, reqs: list[ExtendRequest], probe: BandwidthProbe, reps: int
     ) -> dict[str, float]:
         n = sum(len(r.new_ids) for r in reqs)
         q = torch.randn(n, self.heads, self.head_dim).to(self.dtype)
@@ -198,7 +183,7 @@ class _Shape:
         return _alternate({**calls, "read": probe.read}, reps)
 
     def _row(
-        self, kernel: str, case: str, times: dict[str, float], probe: _BandwidthProbe, tokens: int
+        self, kernel: str, case: str, times: dict[str, float], probe: BandwidthProbe, tokens: int
     ) -> dict:
         read = probe.bandwidth(times["read"])
         read_limit = self.kv_bytes(tokens) / read
@@ -216,20 +201,6 @@ class _Shape:
         return row
 
 
-def _probe_bytes() -> int:
-    """Twice the last-level cache, and at least 256 MiB: a VM of this project's kind reports a
-    480 MiB L3, which held a 64 MiB probe and read it at 53 GB/s against ~24 from memory."""
-    sizes = [256 << 20]
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            text = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        sizes.append(2 * int(text.rstrip("KMG")) * unit)
-    return max(sizes)
-
-
 def _forward(backend, batch: ForwardBatch, q, kv) -> Callable[[], object]:
     backend.prepare(batch)  # once: every layer of a forward reuses the plan
     return lambda: backend.forward(0, q, kv, kv, batch)
@@ -240,7 +211,7 @@ def _alternate(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, f
 
 
 def linear_rows_bench(
-    hf, dtype: torch.dtype, probe: _BandwidthProbe, cfg: KernelBenchConfig, step
+    hf, dtype: torch.dtype, probe: BandwidthProbe, cfg: KernelBenchConfig, step
 ) -> list[dict]:
     """A decode step's projections (q, k, v, o, gate, up, down of every decoder layer) at a
     few rows: torch's ``F.linear`` and the native kernel, alternately, against the time to

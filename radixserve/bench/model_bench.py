@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from radixserve.attention import ExtendRequest, ForwardBatch, create_attention_backend
+from radixserve.bench.rates import BandwidthProbe, gemm_rate
 from radixserve.bench.report import Column, TableSpec, num, print_tables, with_progress, write_json
 from radixserve.bench.timing import medians, time_alternating
 from radixserve.memory import KVSlotAllocator
@@ -143,14 +144,6 @@ def _alternate(ours: Callable, theirs: Callable, reps: int) -> tuple[float, floa
     return m["ours"], m["theirs"]
 
 
-def gemm_rate(dtype: torch.dtype, reps: int = 5) -> float:
-    """FLOP/s of torch's GEMM here on a prefill-sized product (2,048 x 576 by 576 x 1,536,
-    bench-135m's MLP): the rate a forward's multiply-adds could run at, at best."""
-    x, w = torch.randn(2048, 576, dtype=dtype), torch.randn(1536, 576, dtype=dtype)
-    seconds = medians(time_alternating({"gemm": partial(torch.nn.functional.linear, x, w)}, reps))
-    return 2 * x.shape[0] * w.shape[0] * w.shape[1] / seconds["gemm"]
-
-
 def forward_flops(loaded: LoadedModel, tokens: int, pairs: int, logit_rows: int) -> float:
     """Multiply-adds x 2 of a forward: every projection for ``tokens`` new tokens, ``pairs``
     (query, key) pairs of attention (scores and the weighted sum), ``logit_rows`` logits."""
@@ -164,10 +157,27 @@ def forward_flops(loaded: LoadedModel, tokens: int, pairs: int, logit_rows: int)
     return 2 * (tokens * per_token + attention + logit_rows * cfg.vocab_size * cfg.hidden_size)
 
 
+def forward_bytes(loaded: LoadedModel, cached_tokens: int, logit_rows: int) -> int:
+    """Bytes a forward must read at least: every projection's weights once, the output
+    weight when it computes logits, and ``cached_tokens`` tokens' K/V in every layer."""
+    cfg = loaded.config
+    item = next(loaded.model.parameters()).element_size()
+    weights = sum(
+        m.weight.numel()
+        for name, m in loaded.model.named_modules()
+        if name.startswith("model.layers.") and isinstance(m, torch.nn.Linear)
+    )
+    if logit_rows:
+        weights += loaded.model.output_weight.numel()
+    kv = cached_tokens * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim
+    return (weights + kv) * item
+
+
 def run_model_bench(
     cfg: ModelBenchConfig, on_step: Callable[[str], None] | None = None
 ) -> list[dict]:
     rng = np.random.default_rng(cfg.seed)
+    read_rate = BandwidthProbe().measure()
     rows = []
     for dtype_name in cfg.dtypes:
         loaded = load_preset(cfg.preset, dtype=_DTYPES[dtype_name])
@@ -187,16 +197,18 @@ def run_model_bench(
                 partial(ours.prefill, ids), partial(theirs.prefill, ids), cfg.reps
             )
             floor = forward_flops(loaded, n, n * (n + 1) // 2, 1) / rate
-            rows.append(_row(dtype_name, f"prefill {n}", n, t_ours, t_theirs, floor))
+            read = forward_bytes(loaded, 0, 1) / read_rate
+            rows.append(_row(dtype_name, f"prefill {n}", n, t_ours, t_theirs, floor, read))
         for batch in cfg.decode_batches:
             if on_step:
                 on_step(f"{dtype_name} decode batch {batch}")
             step_ours = ours.decoder(batch, cfg.context)
             step_theirs = theirs.decoder(batch, cfg.context)
             t_ours, t_theirs = _alternate(step_ours, step_theirs, cfg.decode_steps)
-            label = f"decode batch {batch}, context {cfg.context}"
+            label = f"decode {batch} x {cfg.context}"
             floor = forward_flops(loaded, batch, batch * (cfg.context + 1), batch) / rate
-            rows.append(_row(dtype_name, label, batch, t_ours, t_theirs, floor))
+            read = forward_bytes(loaded, batch * cfg.context, batch) / read_rate
+            rows.append(_row(dtype_name, label, batch, t_ours, t_theirs, floor, read))
         for row in rows:
             row.setdefault("attention", ours.backend.name)
     return rows
@@ -213,7 +225,10 @@ def _check_same_model(ours: _Ours, theirs: _Theirs, vocab: int, rng) -> None:
         raise RuntimeError(f"our logits differ from transformers' by {(mine - ref).abs().max()}")
 
 
-def _row(dtype: str, case: str, tokens: int, t_ours: float, t_theirs: float, floor: float) -> dict:
+def _row(
+    dtype: str, case: str, tokens: int, t_ours: float, t_theirs: float, floor: float, read: float
+) -> dict:
+    """``floor``: the case's FLOPs at the GEMM rate; ``read``: its bytes at the read rate."""
     return {
         "dtype": dtype,
         "case": case,
@@ -221,8 +236,10 @@ def _row(dtype: str, case: str, tokens: int, t_ours: float, t_theirs: float, flo
         "transformers_tok_s": tokens / t_theirs,
         "ratio": t_theirs / t_ours,
         "ours_ms": 1000 * t_ours,
-        "floor_ms": 1000 * floor,  # the case's FLOPs at this machine's GEMM rate
+        "floor_ms": 1000 * floor,
         "x_floor": t_ours / floor,
+        "read_ms": 1000 * read,
+        "x_roofline": t_ours / max(floor, read),
     }
 
 
@@ -238,12 +255,14 @@ TABLES = (
             Column("dtype", "dtype"),
             Column("case", "case"),
             Column("attention", "attention", wide=True),
-            Column("ours_tok_s", "radixserve", num(1)),
-            Column("transformers_tok_s", "transformers", num(1)),
+            Column("ours_tok_s", "ours", num(0)),
+            Column("transformers_tok_s", "transformers", num(0)),
             Column("ratio", "ratio", num(2)),
             Column("ours_ms", "ms", num(1), wide=True),
             Column("floor_ms", "floor ms", num(1), wide=True),
             Column("x_floor", "x floor", num(2)),
+            Column("read_ms", "read ms", num(1), wide=True),
+            Column("x_roofline", "x roof", num(2)),
         ),
     ),
 )

@@ -179,10 +179,8 @@ def test_bench_kernels_command_writes_json_and_plot(tmp_path, capsys):
         assert r["native_ms"] > 0 and r["torch_ms"] > 0 and r["of_read_limit"] > 0
     for r in data["rows"]:
         assert r["native_ms"] > 0 and r["read_limit_ms"] > 0 and r["of_read_limit"] > 0
-        if r["kernel"] == "cascade":  # the kernel grouped against itself plain
-            assert r["speedup"] == pytest.approx(r["plain_ms"] / r["native_ms"])
-        else:
-            assert r["speedup"] == pytest.approx(r["torch_ms"] / r["native_ms"])
+        # the cascade row times the kernel grouped against itself plain, the others torch
+        assert r["plain_ms" if r["kernel"] == "cascade" else "torch_ms"] > 0
     assert data["read_gb_s"] > 0
     assert png.stat().st_size > 0
     assert "read bandwidth" in capsys.readouterr().out
@@ -194,9 +192,12 @@ def test_bench_model_command_compares_with_transformers(tmp_path, capsys):
     assert main([*args, "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["case"].split()[0] for r in rows] == ["prefill", "decode", "decode"]
-    for r in rows:
+    for r in rows:  # (the run refuses to time models whose logits differ)
         assert r["ours_tok_s"] > 0 and r["transformers_tok_s"] > 0
-        assert r["ratio"] == pytest.approx(r["ours_tok_s"] / r["transformers_tok_s"])
+        assert r["floor_ms"] > 0 and r["read_ms"] > 0
+    # decode steps read the weights and every request's cached K/V: more requests, more bytes
+    _, one, four = rows
+    assert four["read_ms"] > one["read_ms"]
     assert "transformers" in capsys.readouterr().out
 
 
