@@ -114,5 +114,7 @@ class NativeAttentionBackend(AttentionBackend):
                 plan.merge_rows,
                 self.scale,
             )
+            if not parts:  # the kernel covered every token (every decode step)
+                return out, lse
             parts.append(Part(torch.arange(len(q)), out, lse))
         return merge(parts, len(q))
