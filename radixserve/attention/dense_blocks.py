@@ -36,9 +36,15 @@ DENSE_MIN_WORK = {
     torch.float32: 1 << 19,
     torch.bfloat16: 1 << 17 if torch_has_bf16_instructions() else 1 << 19,
 }
-# New tokens from which an extend attends over itself in the flash kernel (below it the
-# native kernel's causal blocks were faster: 1.4 ms against 2.0 for 367 tokens).
-DENSE_SELF_MIN_TOKENS = 1024
+# New tokens from which an extend attends over itself in the flash kernel. Float32: the
+# native kernel's sixteen-query vectors (AVX-512) were faster up to 2,048 tokens (7.4 ms
+# against 10.1 a layer for 1,024), eight-query ones up to ~1,024 (1.4 ms against 2.0 for
+# 367). bfloat16: torch's kernel runs bfloat16 instructions where the CPU has them, and was
+# faster from 256 tokens (0.57 ms against 0.67; 1.5 against 2.1 for 512).
+DENSE_SELF_MIN_TOKENS = {
+    torch.float32: 2048 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 1024,
+    torch.bfloat16: 256 if torch_has_bf16_instructions() else 1024,
+}
 # A group of decode-like members stays a native cascade (the kernel reads the shared slots
 # once for them and their short suffixes in the same pass) from this many queries per KV
 # head; below it the members attend one by one.
@@ -115,7 +121,7 @@ def split_dense(
             own = kv_slots[kv_start[i] + keys_from[i] : kv_start[i] + prefix[i]]
             shared.append(_shared(np.arange(q_start[i], q_start[i] + ext[i]), own))
             keys_from[i] = prefix[i]
-        if ext[i] >= DENSE_SELF_MIN_TOKENS and keys_from[i] == prefix[i]:
+        if ext[i] >= DENSE_SELF_MIN_TOKENS[dtype] and keys_from[i] == prefix[i]:
             by_length[int(ext[i])].append(int(q_start[i]))
             keys_from[i] = seq[i]
     selfs = tuple(

@@ -79,8 +79,14 @@ def test_native_backend_matches_reference(march, lens, kv_heads, group, head_dim
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "lens",
-    [[(10, 1), (3, 1), (0, 1)], [(7, 1), (7, 1)], [(0, 1100)], [(1100, 200), (600, 300), (5, 1)]],
-    ids=["ragged", "even", "lone-prefill", "long-extends"],
+    [
+        [(10, 1), (3, 1), (0, 1)],
+        [(7, 1), (7, 1)],
+        [(0, 1100)],
+        [(0, 2100)],  # past every dtype's threshold for attending over itself in a dense block
+        [(1100, 200), (600, 300), (5, 1)],
+    ],
+    ids=["ragged", "even", "lone-prefill", "long-prefill", "long-extends"],
 )
 def test_decode_batches(lens, dtype, backend_cls):
     check_against_reference(lens, 3, 3, 16, dtype, 1, backend_cls, pool_slots=4096)
