@@ -45,7 +45,7 @@ SECTIONS = (
         "serving_vllm",
         "Against vLLM — `radixserve bench serving --configs radix-lpm vllm`",
         "radixserve bench serving --workload few-shot shared-system-prompt multi-turn-chat rag "
-        "--configs radix-lpm vllm --vllm-python PEER_VENV/bin/python "
+        "--configs radix-lpm vllm --vllm-python PEER_VENV/bin/python --rounds 2 "
         "--json docs/bench_serving_vllm.json",
         SERVING,
     ),
