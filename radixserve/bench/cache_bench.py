@@ -16,15 +16,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from radixserve.bench import plots
 from radixserve.bench.report import (
     Column,
     TableSpec,
+    finish,
     num,
     pct,
-    plot_or_explain,
-    print_tables,
     with_progress,
-    write_json,
 )
 from radixserve.bench.simulate import chat_through_tree, serve_without_model
 from radixserve.bench.workloads import MultiTurnChat
@@ -310,11 +309,4 @@ def run(args: argparse.Namespace) -> int:
         "rows": rows,
         "chat": [chat_through_tree(chat, p, c) for p in cfg.page_sizes for c in capacities],
     }
-    print_tables(data, TABLES, args.wide)
-    if args.json:
-        write_json(args.json, {"config": vars(cfg), **data})
-    if args.plot:
-        from radixserve.bench import plots
-
-        return plot_or_explain(lambda: plots.plot_cache_bench(rows, args.plot))
-    return 0
+    return finish(args, cfg, data, TABLES, lambda path: plots.plot_cache_bench(rows, path))

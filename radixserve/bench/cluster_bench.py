@@ -17,16 +17,15 @@ from dataclasses import dataclass, replace
 
 import httpx
 
+from radixserve.bench import plots
 from radixserve.bench.report import (
     Column,
     TableSpec,
+    finish,
     num,
     pct,
-    plot_or_explain,
-    print_tables,
     times,
     with_progress,
-    write_json,
 )
 from radixserve.bench.serve_load import ChatLoad, drive, summarize
 from radixserve.bench.timing import alternating
@@ -190,11 +189,6 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, **QUICK)
     total = cfg.rounds * (1 + len(cfg.routers))
     result = with_progress("bench cluster", total, lambda step: run_cluster_bench(cfg, step))
-    print_tables(result, TABLES, args.wide)
-    if args.json:
-        write_json(args.json, {"config": vars(cfg), **result})
-    if args.plot:
-        from radixserve.bench.plots import plot_cluster_bench
-
-        return plot_or_explain(lambda: plot_cluster_bench(result["rows"], args.plot))
-    return 0
+    return finish(
+        args, cfg, result, TABLES, lambda path: plots.plot_cluster_bench(result["rows"], path)
+    )

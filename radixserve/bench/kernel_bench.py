@@ -25,16 +25,15 @@ from radixserve.attention import (
     PrefixGroup,
     TorchAttentionBackend,
 )
+from radixserve.bench import plots
 from radixserve.bench.rates import BandwidthProbe
 from radixserve.bench.report import (
     Column,
     TableSpec,
+    finish,
     num,
-    plot_or_explain,
-    print_tables,
     times,
     with_progress,
-    write_json,
 )
 from radixserve.bench.timing import medians, time_alternating
 from radixserve.bench.walk_bench import matcher_rows
@@ -334,11 +333,4 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, **QUICK)
     out = with_progress("bench kernels", num_steps(cfg), lambda s: run_kernel_bench(cfg, s))
     print(f"memory read bandwidth {out['read_gb_s']:.1f} GB/s (median)")
-    print_tables(out, TABLES, args.wide)
-    if args.json:
-        write_json(args.json, {"config": vars(cfg), **out})
-    if args.plot:
-        from radixserve.bench import plots
-
-        return plot_or_explain(lambda: plots.plot_kernel_bench(out["rows"], args.plot))
-    return 0
+    return finish(args, cfg, out, TABLES, lambda path: plots.plot_kernel_bench(out["rows"], path))

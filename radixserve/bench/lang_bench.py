@@ -16,12 +16,11 @@ from dataclasses import dataclass, replace
 from radixserve.bench.report import (
     Column,
     TableSpec,
+    finish,
     num,
     pct,
-    print_tables,
     times,
     with_progress,
-    write_json,
 )
 from radixserve.bench.timing import alternating, median_round, paired
 from radixserve.bench.workloads import optimal_hit_rate
@@ -235,7 +234,4 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown programs {sorted(unknown)}; choose from {sorted(PROGRAMS)}")
     total = len(programs) * 2 * cfg.rounds
     rows = with_progress("bench lang", total, lambda step: run_lang_bench(cfg, programs, step))
-    print_tables({"rows": rows}, TABLES, args.wide)
-    if args.json:
-        write_json(args.json, {"config": vars(cfg), "rows": rows})
-    return 0
+    return finish(args, cfg, {"rows": rows}, TABLES)

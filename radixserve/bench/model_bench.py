@@ -21,7 +21,13 @@ import torch
 
 from radixserve.attention import ExtendRequest, ForwardBatch, create_attention_backend
 from radixserve.bench.rates import BandwidthProbe, gemm_rate
-from radixserve.bench.report import Column, TableSpec, num, print_tables, with_progress, write_json
+from radixserve.bench.report import (
+    Column,
+    TableSpec,
+    finish,
+    num,
+    with_progress,
+)
 from radixserve.bench.timing import medians, time_alternating
 from radixserve.memory import KVSlotAllocator
 from radixserve.memory.kv_pool import KVPool
@@ -284,7 +290,4 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, reps=1, **QUICK)
     rows = with_progress("bench model", num_steps(cfg), lambda step: run_model_bench(cfg, step))
     print(f"{cfg.preset}, {torch.get_num_threads()} threads")
-    print_tables({"rows": rows}, TABLES, args.wide)
-    if args.json:
-        write_json(args.json, {"config": vars(cfg), "rows": rows})
-    return 0
+    return finish(args, cfg, {"rows": rows}, TABLES)

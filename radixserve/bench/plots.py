@@ -6,12 +6,25 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-def plot_cache_bench(rows: Sequence[dict], path: str | Path) -> None:
-    """match_prefix p50 against hit length, one line per tree size, one panel per page size."""
+def _pyplot():
+    """matplotlib's pyplot, drawing to files only (no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+
+
+def plot_cache_bench(rows: Sequence[dict], path: str | Path) -> None:
+    """match_prefix p50 against hit length, one line per tree size, one panel per page size."""
+    plt = _pyplot()
 
     page_sizes = sorted({r["page_size"] for r in rows})
     fig, axes = plt.subplots(1, len(page_sizes), figsize=(6 * len(page_sizes), 4), squeeze=False)
@@ -31,18 +44,13 @@ def plot_cache_bench(rows: Sequence[dict], path: str | Path) -> None:
         ax.set_title(f"page size {page_size}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_serving_bench(rows: Sequence[dict], sweep: Sequence[dict], path: str | Path) -> None:
     """Requests/s and hit rate (with the optimal) per workload and configuration, and hit
     rate against KV-pool size when a sweep ran."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     import numpy as np
 
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
@@ -84,18 +92,13 @@ def plot_serving_bench(rows: Sequence[dict], sweep: Sequence[dict], path: str | 
         ax.set_title("hit rate as memory shrinks")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_kernel_bench(rows: Sequence[dict], path: str | Path) -> None:
     """Decode time against context length, torch and native beside the bandwidth limits,
     one panel per dtype and batch size."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     decode = [r for r in rows if r["kernel"] == "decode"]
     dtypes = list(dict.fromkeys(r["dtype"] for r in decode))
@@ -120,18 +123,13 @@ def plot_kernel_bench(rows: Sequence[dict], path: str | Path) -> None:
             ax.set_title(f"decode, batch {batch}, {dtype}")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_serve_frontier(rows: Sequence[dict], path: str | Path) -> None:
     """ITL p99 against TTFT p99, one point per configuration: the trade a step's prefill
     budget makes between running and waiting requests."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5))
     markers = "osD^v<>phX*"
@@ -150,9 +148,7 @@ def plot_serve_frontier(rows: Sequence[dict], path: str | Path) -> None:
     ax.set_title("bench serve: latency of running against waiting requests")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_structured_bench(rows: Sequence[dict], path: str | Path) -> None:
@@ -173,10 +169,7 @@ def plot_cluster_bench(rows: Sequence[dict], path: str | Path) -> None:
 
 def _bar_panels(rows: Sequence[dict], panels, title: str, path: str | Path) -> None:
     """One bar chart per ``(key, title)`` panel, a bar per row's ``config``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     labels = [r["config"] for r in rows]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels) - 1, 3.5), squeeze=False)
@@ -186,6 +179,4 @@ def _bar_panels(rows: Sequence[dict], panels, title: str, path: str | Path) -> N
         ax.tick_params(axis="x", labelrotation=20)
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)

@@ -4,11 +4,12 @@ and the docs show them all, the JSON keeps every key."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
 from typing import TypeVar
@@ -131,6 +132,23 @@ def machine() -> dict:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
     }
+
+
+def finish(
+    args: argparse.Namespace,
+    cfg: object,
+    data: dict,
+    tables: Sequence[TableSpec],
+    plot: Callable[[str], None] | None = None,
+) -> int:
+    """A benchmark's last steps: its tables on the terminal, its rows with the run's
+    configuration (a dataclass) as JSON under ``--json``, its chart under ``--plot``."""
+    print_tables(data, tables, args.wide)
+    if args.json:
+        write_json(args.json, {"config": asdict(cfg), **data})
+    if plot is not None and getattr(args, "plot", None):
+        return plot_or_explain(lambda: plot(args.plot))
+    return 0
 
 
 def plot_or_explain(plot: Callable[[], None]) -> int:

@@ -16,20 +16,19 @@ import argparse
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from statistics import median
 
 import httpx
 
+from radixserve.bench import plots
 from radixserve.bench.report import (
     Column,
     TableSpec,
+    finish,
     num,
     pct,
-    plot_or_explain,
-    print_tables,
     times,
-    write_json,
 )
 from radixserve.bench.serve_load import ChatLoad, chat_prompt_ids, drive, summarize
 from radixserve.bench.server_process import ServerProcess
@@ -262,14 +261,8 @@ def run(args: argparse.Namespace) -> int:
         f"system prompts, {rate}, {load.max_tokens} tokens each, {cfg.rounds} round(s); "
         f"optimal hit rate {data['optimal_hit_rate']:.1%}"
     )
-    print_tables(data, TABLES, args.wide)
-    if args.json:
-        write_json(args.json, {"config": asdict(cfg), **data})
-    if args.plot:
-        from radixserve.bench.plots import plot_serve_frontier
-
-        if plot_or_explain(lambda: plot_serve_frontier(data["rows"], args.plot)):
-            return 1
+    if finish(args, cfg, data, TABLES, lambda path: plots.plot_serve_frontier(data["rows"], path)):
+        return 1
     failed = [
         r
         for r in data["rows"]

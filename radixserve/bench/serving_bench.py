@@ -17,18 +17,17 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.bench import plots
 from radixserve.bench.engine_run import run_engine
 from radixserve.bench.report import (
     Column,
     TableSpec,
+    finish,
     ms,
     num,
     pct,
-    plot_or_explain,
-    print_tables,
     times,
     with_progress,
-    write_json,
 )
 from radixserve.bench.timing import alternating, median_round, paired
 from radixserve.bench.workloads import SERVING_WORKLOADS, Workload, make_workload
@@ -305,13 +304,10 @@ def run(args: argparse.Namespace) -> int:
         warm=args.warm,
     )
     result = with_progress("bench serving", num_steps(cfg), lambda s: run_serving_bench(cfg, s))
-    print_tables(result, TABLES, args.wide)
-    if args.json:
-        write_json(args.json, {"config": vars(cfg), **result})
-    if args.plot:
-        from radixserve.bench import plots
-
-        return plot_or_explain(
-            lambda: plots.plot_serving_bench(result["rows"], result["sweep"], args.plot)
-        )
-    return 0
+    return finish(
+        args,
+        cfg,
+        result,
+        TABLES,
+        lambda path: plots.plot_serving_bench(result["rows"], result["sweep"], path),
+    )

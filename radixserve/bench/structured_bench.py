@@ -21,16 +21,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from radixserve.bench import plots
 from radixserve.bench.report import (
     Column,
     TableSpec,
+    finish,
     num,
     pct,
-    plot_or_explain,
-    print_tables,
     times,
     with_progress,
-    write_json,
 )
 from radixserve.bench.timing import alternating, median_round, paired
 from radixserve.engine import Engine, SamplingParams
@@ -199,11 +198,6 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, **QUICK)
     total = 1 + len(CONFIGS) * cfg.rounds
     rows = with_progress("bench structured", total, lambda step: run_structured_bench(cfg, step))
-    print_tables({"rows": rows}, TABLES, args.wide)
-    if args.json:
-        write_json(args.json, {"config": vars(cfg), "rows": rows})
-    if args.plot:
-        from radixserve.bench.plots import plot_structured_bench
-
-        return plot_or_explain(lambda: plot_structured_bench(rows, args.plot))
-    return 0
+    return finish(
+        args, cfg, {"rows": rows}, TABLES, lambda path: plots.plot_structured_bench(rows, path)
+    )

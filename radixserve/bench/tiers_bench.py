@@ -22,7 +22,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
@@ -31,12 +31,11 @@ import numpy as np
 from radixserve.bench.report import (
     Column,
     TableSpec,
+    finish,
     num,
     pct,
-    print_tables,
     times,
     with_progress,
-    write_json,
 )
 from radixserve.bench.timing import alternating, median_round, paired
 from radixserve.bench.workloads import MultiTurnChat
@@ -295,7 +294,4 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, **QUICK)
     total = cfg.rounds + 2 * cfg.chat_rounds * len(cfg.chat_shapes) + 2
     result = with_progress("bench tiers", total, lambda step: run_tiers_bench(cfg, step))
-    print_tables(result, TABLES, args.wide)
-    if args.json:
-        write_json(args.json, {"config": asdict(cfg), **result})
-    return 0
+    return finish(args, cfg, result, TABLES)
