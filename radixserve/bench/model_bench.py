@@ -150,15 +150,20 @@ def _alternate(ours: Callable, theirs: Callable, reps: int) -> tuple[float, floa
     return m["ours"], m["theirs"]
 
 
-def forward_flops(loaded: LoadedModel, tokens: int, pairs: int, logit_rows: int) -> float:
-    """Multiply-adds x 2 of a forward: every projection for ``tokens`` new tokens, ``pairs``
-    (query, key) pairs of attention (scores and the weighted sum), ``logit_rows`` logits."""
-    cfg = loaded.config
-    per_token = sum(
+def _projection_weights(loaded: LoadedModel) -> int:
+    """Elements of every decoder layer's projection weights."""
+    return sum(
         m.weight.numel()
         for name, m in loaded.model.named_modules()
         if name.startswith("model.layers.") and isinstance(m, torch.nn.Linear)
     )
+
+
+def forward_flops(loaded: LoadedModel, tokens: int, pairs: int, logit_rows: int) -> float:
+    """Multiply-adds x 2 of a forward: every projection for ``tokens`` new tokens, ``pairs``
+    (query, key) pairs of attention (scores and the weighted sum), ``logit_rows`` logits."""
+    cfg = loaded.config
+    per_token = _projection_weights(loaded)
     attention = pairs * cfg.num_heads * cfg.head_dim * 2 * cfg.num_layers
     return 2 * (tokens * per_token + attention + logit_rows * cfg.vocab_size * cfg.hidden_size)
 
@@ -168,11 +173,7 @@ def forward_bytes(loaded: LoadedModel, cached_tokens: int, logit_rows: int) -> i
     weight when it computes logits, and ``cached_tokens`` tokens' K/V in every layer."""
     cfg = loaded.config
     item = next(loaded.model.parameters()).element_size()
-    weights = sum(
-        m.weight.numel()
-        for name, m in loaded.model.named_modules()
-        if name.startswith("model.layers.") and isinstance(m, torch.nn.Linear)
-    )
+    weights = _projection_weights(loaded)
     if logit_rows:
         weights += loaded.model.output_weight.numel()
     kv = cached_tokens * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim
