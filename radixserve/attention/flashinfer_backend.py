@@ -76,5 +76,5 @@ class FlashInferAttentionBackend(AttentionBackend):
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        self.kv_pool.write(layer, batch.out_slots, k, v)
+        self.kv_pool.write(layer, batch.out_slots, k, v, batch.kv_copies)
         return batch.attn_metadata.run(q.contiguous(), self.kv_pool.pages(layer))

@@ -53,6 +53,9 @@ class ForwardBatch:
     return_all_logits: bool = False
     # requests sharing their first slots (a radix-tree path); backends may ignore it
     prefix_groups: tuple[PrefixGroup, ...] = ()
+    # (src, dst) slots: cached K/V copied to where this pass's requests read them (a cached
+    # page's head, so a request computes only the tokens past it); see KVPool.write
+    kv_copies: tuple[torch.Tensor, torch.Tensor] | None = None
     attn_metadata: Any = field(default=None, repr=False)
 
     @property
@@ -75,6 +78,7 @@ class ForwardBatch:
         device: torch.device | str = "cpu",
         return_all_logits: bool = False,
         prefix_groups: Sequence[PrefixGroup] = (),
+        kv_copies: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> ForwardBatch:
         if not requests:
             raise ValueError("a forward batch needs at least one request")
@@ -93,6 +97,8 @@ class ForwardBatch:
         def tensor(parts: list[np.ndarray]) -> torch.Tensor:
             return torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device)
 
+        src, dst = kv_copies or (None, None)
+
         return cls(
             input_ids=tensor(ids),
             positions=tensor(positions),
@@ -103,4 +109,5 @@ class ForwardBatch:
             page_size=page_size,
             return_all_logits=return_all_logits,
             prefix_groups=tuple(prefix_groups),
+            kv_copies=None if kv_copies is None else (tensor([src]), tensor([dst])),
         )

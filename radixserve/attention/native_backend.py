@@ -83,7 +83,7 @@ class NativeAttentionBackend(AttentionBackend):
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        self.kv_pool.write(layer, batch.out_slots, k, v)
+        self.kv_pool.write(layer, batch.out_slots, k, v, batch.kv_copies)
         out, _ = self.attend(layer, q, k, v, batch.kv_slots, batch.attn_metadata)
         return out.to(q.dtype)
 

@@ -80,7 +80,7 @@ class TorchAttentionBackend(AttentionBackend):
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         meta: TorchAttentionMetadata = batch.attn_metadata
-        self.kv_pool.write(layer, batch.out_slots, k, v)
+        self.kv_pool.write(layer, batch.out_slots, k, v, batch.kv_copies)
         b, hkv, d = batch.batch_size, self.num_kv_heads, self.head_dim
         # kb, vb: [B, kv_heads, max_kv, head_dim], contiguous
         kb = self._gather(self.kv_pool.k[layer], meta).view(b, hkv, meta.max_kv, d)

@@ -39,7 +39,7 @@ def serve_without_model(cache: RadixCache, prompt: np.ndarray, output: np.ndarra
     # Nothing evicted between match and insert, so `prefix_len == hit.length` unless the
     # output itself was cached before; duplicates and the unaligned tail go back.
     alloc.free(np.concatenate([slots[hit.length : done.prefix_len], slots[done.match.length :]]))
-    return min(hit.length, (len(prompt) - 1) // cache.page_size * cache.page_size)
+    return min(hit.length, len(prompt) - 1)
 
 
 def chat_through_tree(workload: MultiTurnChat, page_size: int, capacity: int | None) -> dict:

@@ -58,7 +58,7 @@ def optimal_hit_rate(
     calls: Iterable[tuple[Sequence[int], Sequence[int] | None]], page_size: int = 1
 ) -> float:
     """The token hit rate of a cache with unlimited memory serving ``(prompt, output)`` calls
-    one at a time in order: each distinct page-aligned prefix is computed once; every call
+    one at a time in order: each distinct whole page of prefix is computed once; every call
     computes at least its last prompt token (its logits give the first output); a reply's
     tokens but the last had their K/V computed while decoding, so a later prompt that
     repeats them hits them."""
@@ -68,8 +68,7 @@ def optimal_hit_rate(
     hits = total = 0
     for prompt, output in calls:
         prompt = np.asarray(prompt, dtype=np.int32)
-        last = (len(prompt) - 1) // page_size * page_size
-        hits += min(cache.peek_prefix(prompt)[0], last)
+        hits += min(cache.peek_prefix(prompt)[0], len(prompt) - 1)
         total += len(prompt)
         seen = (
             prompt

@@ -83,7 +83,9 @@ class ModelRunner:
         ]
         every = not batch.decode and any(w.req.params.prompt_logprobs for w in batch.work)
         groups = [PrefixGroup(n, tuple(members)) for n, members in batch.prefix_groups]
-        fb = ForwardBatch.create(requests, self.config.page_size, self.device, every, groups)
+        fb = ForwardBatch.create(
+            requests, self.config.page_size, self.device, every, groups, batch.kv_copies
+        )
         logits = self.loaded.model(fb, self.backend)
         rows = [i for i, w in enumerate(batch.work) if w.samples]
         return ForwardOutput(logits.last[rows], [batch.work[i].req for i in rows], logits.all)

@@ -54,6 +54,9 @@ class Req:
     tier_read: object = None
     # structured output: an xgrammar matcher that has accepted exactly output_ids
     grammar: object = None
+    # (src, dst) slots: the head of a cached page this request copies into its own first
+    # page instead of computing it, done by its next pass (ReqCacheManager.admit)
+    kv_copy: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def seq_len(self) -> int:

@@ -3,7 +3,8 @@
 Slot regions of a running request (positions in its sequence, prompt then output):
 
     [0, cached_len)             the cache's slots, locked through ``last_node``
-    [cached_len, computed_len)  computed by this request, in its own whole pages
+    [cached_len, computed_len)  computed by this request, in its own whole pages (or, at
+                                admission, copied from the cache's page past cached_len)
     [computed_len, len(slots))  taken ahead for the pass being scheduled, not computed yet
 
 ``slots`` lists the slot of every position below ``len(slots)``: the cache's first, then the
@@ -70,27 +71,39 @@ class ReqCacheManager:
         return self.cache.peek_prefix(req.seq(), req.namespace)
 
     def admit(self, req: Req) -> None:
-        """Match ``req``'s sequence and lock the match; its slots start as the cached part."""
+        """Match ``req``'s sequence and lock the match; its slots start as the cached part.
+
+        The cache's region ends on a page boundary, but the match may run on into the page
+        holding the token the request must compute (a prompt cached whole ends there). The
+        head of that page is then copied into the request's own first page by its next pass
+        (``kv_copy``) instead of computed: such a prompt computes one token, not a page.
+        """
         t0 = time.perf_counter()
         hit = self.cache.match_prefix(req.seq(), req.namespace)
         self.metrics.lookup_s.append(time.perf_counter() - t0)
-        limit = self._limit(req)
-        device = min(hit.length, limit)
+        last = self._last(req)
+        device = min(hit.length, last)
         host = 0
         if isinstance(req.tier_read, TierRead):
-            hit, host = self._install_read(req, hit, limit)
-        cached = min(hit.length, limit)
-        self.cache.lock(hit.node)
+            hit, host = self._install_read(req, hit, self._reach(last))
+        cached = min(hit.length, last // self.page * self.page)
+        self.cache.lock(hit.node)  # the whole match: the copy's source page too
         req.last_node = hit.node
         req.cached_len = req.computed_len = cached
         req.slots = np.array(hit.slots[:cached], dtype=np.int64)
+        copied = min(hit.length, last) - cached  # < a page: never whole, never adopted
+        if copied > 0 and self.ensure_slots(req, cached + copied):
+            end = cached + copied
+            req.kv_copy = (np.array(hit.slots[cached:end], dtype=np.int64), req.slots[cached:end])
+            req.computed_len = end
         if not req.admitted_once:  # a preempted request's re-admission is not a new query
             req.admitted_once = True
-            req.prompt_cached_tokens = cached
-            host = min(host, cached - device)
-            disk = cached - device - host
+            served = req.prompt_cached_tokens = req.computed_len
+            device = min(device, served)
+            host = min(host, served - device)
+            disk = served - device - host
             req.prompt_cached_by_tier = {"device": device, "host": host, "disk": disk}
-            self.metrics.admitted(len(req.input_ids), cached)
+            self.metrics.admitted(len(req.input_ids), served)
             self.metrics.host_hit_tokens += host
             self.metrics.disk_hit_tokens += disk
 
@@ -100,38 +113,44 @@ class ReqCacheManager:
         if self.tier is None or req.tier_read is TIER_DONE:
             return True
         if req.tier_read is None:
-            limit = self._limit(req)
+            reach = self._reach(self._last(req))
             matched, _ = self.peek(req)
             start = matched // self.page
-            keys = self.tier.keys(req.seq()[:limit], req.namespace)[start:]
+            keys = self.tier.keys(req.seq()[:reach], req.namespace)[start:]
             tiers = self.tier.where(keys)
-            if matched >= limit or not tiers:
+            if matched >= reach or not tiers:
                 req.tier_read = TIER_DONE
                 return True
             req.tier_read = TierRead(start, self.tier.read_async(keys[: len(tiers)]), tiers)
             return False
         return req.tier_read.future.done()
 
-    def _limit(self, req: Req) -> int:
-        """Tokens of ``req`` the cache may serve: at least the last token is computed (its
+    def _last(self, req: Req) -> int:
+        """How many of ``req``'s first tokens the cache may serve: all but the last (its
         logits give the next one); prompt logprobs from position s need the logits of
-        positions s-1 on, so those are too."""
+        positions s-1 on, so those are computed too."""
         last = req.seq_len - 1
         if req.params.prompt_logprobs:
             last = min(last, max(0, req.params.logprob_start_len - 1))
-        return last // self.page * self.page
+        return last
 
-    def _install_read(self, req: Req, hit, limit: int):
-        """Put the pages the tiers read for ``req`` that extend ``hit`` into fresh slots and
-        the cache: the longer match and how many of its tokens came from host memory; ``hit``
-        (and 0) when they failed, no longer connect to it (the cache lost pages meanwhile),
-        or do not fit."""
+    def _reach(self, last: int) -> int:
+        """The end of the cached pages a request serving ``last`` tokens can use: up to the
+        page holding position ``last`` when part of that page is served (copied)."""
+        whole = last // self.page * self.page
+        return whole + self.page if whole < last else whole
+
+    def _install_read(self, req: Req, hit, reach: int):
+        """Put the pages the tiers read for ``req`` that extend ``hit`` (up to ``reach``)
+        into fresh slots and the cache: the longer match and how many of its tokens came
+        from host memory; ``hit`` (and 0) when they failed, no longer connect to it (the
+        cache lost pages meanwhile), or do not fit."""
         read, req.tier_read = req.tier_read, TIER_DONE
         rows = read.future.result()
         first = hit.length // self.page
-        if rows is None or first < read.start_page or hit.length >= limit:
+        if rows is None or first < read.start_page or hit.length >= reach:
             return hit, 0
-        used = slice(first - read.start_page, (limit // self.page) - read.start_page)
+        used = slice(first - read.start_page, (reach // self.page) - read.start_page)
         rows = rows[used]
         if not len(rows):
             return hit, 0
@@ -182,7 +201,7 @@ class ReqCacheManager:
                 self.tier.demote(req.seq()[: done.match.length], done.match.slots, req.namespace)
             self.allocator.free(req.slots[max(start, done.match.length) :])
             self.cache.unlock(req.last_node)
-            req.slots, req.last_node = _NO_SLOTS, None
+            req.slots, req.last_node, req.kv_copy = _NO_SLOTS, None, None
             return
         self.cache.lock(done.match.node)
         self.cache.unlock(req.last_node)
@@ -194,7 +213,7 @@ class ReqCacheManager:
         computed nothing yet)."""
         self.cache.unlock(req.last_node)
         self.allocator.free(req.own_slots)
-        req.slots, req.last_node = _NO_SLOTS, None
+        req.slots, req.last_node, req.kv_copy = _NO_SLOTS, None, None
         req.cached_len = req.computed_len = 0
 
 

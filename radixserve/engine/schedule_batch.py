@@ -36,6 +36,8 @@ class ScheduleBatch:
     work: list[Work]
     # (shared_len, positions in work): requests whose first shared_len slots are one tree path
     prefix_groups: list[tuple[int, list[int]]] = field(default_factory=list)
+    # (src, dst) slots whose cached K/V the pass copies before it reads them (Req.kv_copy)
+    kv_copies: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def decode(self) -> bool:

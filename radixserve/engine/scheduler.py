@@ -112,7 +112,7 @@ class Scheduler:
         if prefill:
             self.metrics.prefill_budget_tokens = prefill
             self.metrics.mixed_steps += decodes > 0
-        return ScheduleBatch(work, self._groups(work))
+        return ScheduleBatch(work, self._groups(work), self._take_copies(work))
 
     def _plan(self) -> tuple[list[Work], PrefillBudget]:
         if self.config.mixed_batches:
@@ -137,6 +137,17 @@ class Scheduler:
         if self.itl is None:
             return PrefillBudget(tokens, self.page)
         return self.itl.budget(tokens, [w.end for w in decode])
+
+    @staticmethod
+    def _take_copies(work: list[Work]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The cached K/V this pass copies for its requests before reading it (admission
+        queued them; a request admitted in an earlier step's plan but not run yet too)."""
+        copies = [w.req.kv_copy for w in work if w.req.kv_copy is not None]
+        for w in work:
+            w.req.kv_copy = None
+        if not copies:
+            return None
+        return np.concatenate([c[0] for c in copies]), np.concatenate([c[1] for c in copies])
 
     def _groups(self, work: list[Work]) -> list[tuple[int, list[int]]]:
         """The tree paths the batch's requests share, among the groups the attention backend
@@ -263,8 +274,8 @@ class Scheduler:
         computed nothing yet goes back to waiting)."""
         start = req.computed_len
         if not self.req_cache.ensure_slots(req, end):
-            if start == req.cached_len:  # nothing computed yet: wait for memory
-                self._return_to_waiting(req)
+            if start == req.cached_len or req.kv_copy is not None:  # nothing computed yet
+                self._return_to_waiting(req)  # wait for memory
             return None
         return Work(req, start, end)
 

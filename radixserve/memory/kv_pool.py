@@ -38,10 +38,23 @@ class KVPool:
     ) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(
+        self,
+        layer: int,
+        slots: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        copies: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         """Store new tokens' K/V (``[num_tokens, kv_heads, head_dim]``) at ``slots`` (every
-        layer's attention calls this before reading the pool)."""
+        layer's attention calls this before reading the pool). ``copies``: ``(src, dst)``
+        slots whose cached K/V this pass reads from new places; copied first, layer by
+        layer, after the layer's loads from a lower tier (a source may be among them)."""
         self._wait_load(layer)
+        if copies is not None:
+            src, dst = copies
+            self.k[layer][dst] = self.k[layer][src]
+            self.v[layer][dst] = self.v[layer][src]
         self.k[layer][slots] = k
         self.v[layer][slots] = v
 

@@ -27,9 +27,10 @@ INDEXES = ("radix", "block-hash")
 POLICIES = ("lru", "lfu", "belady")
 
 
-def cacheable_pages(req: TraceRequest, page_size: int) -> int:
-    """Prompt pages a hit may cover: all but the page holding the last prompt token."""
-    return min(len(req.pages), (req.input_length - 1) // page_size)
+def served_tokens(req: TraceRequest, pages: int, page_size: int) -> int:
+    """Prompt tokens ``pages`` matched pages serve: all but the last prompt token, which is
+    computed (the engine copies the head of a matched page that holds it)."""
+    return min(pages * page_size, req.input_length - 1)
 
 
 def optimal(requests: Sequence[TraceRequest], page_size: int) -> dict:
@@ -37,13 +38,14 @@ def optimal(requests: Sequence[TraceRequest], page_size: int) -> dict:
     seen: set[int] = set()
     hit_tokens = hit_requests = prompt = 0
     for req in requests:
-        pages, usable = req.pages.tolist(), cacheable_pages(req, page_size)
+        pages = req.pages.tolist()
         hit = 0
-        while hit < usable and pages[hit] in seen:
+        while hit < len(pages) and pages[hit] in seen:
             hit += 1
         seen.update(pages)
-        hit_tokens += hit * page_size
-        hit_requests += hit > 0
+        served = served_tokens(req, hit, page_size)
+        hit_tokens += served
+        hit_requests += served > 0
         prompt += req.input_length
     return _summary(hit_tokens, hit_requests, prompt, len(requests))
 
@@ -123,9 +125,9 @@ def replay(
         if cache.total_size > capacity:  # the request alone was larger than the budget
             cache.evict(cache.total_size - capacity)
         over += cache.total_size > capacity
-        hit = min(match.length, cacheable_pages(req, page_size))
-        hit_tokens += hit * page_size
-        hit_requests += hit > 0
+        served = served_tokens(req, match.length, page_size)
+        hit_tokens += served
+        hit_requests += served > 0
         prompt += req.input_length
         if progress is not None and (now + 1) % 1000 == 0:
             progress(1000)

@@ -39,13 +39,13 @@ def test_an_evicted_prefix_comes_back_from_disk_with_the_same_outputs(tmp_path, 
     with engine(tmp_path) as e:
         first = e.generate(input_ids=prompts(0, 3), sampling_params=GREEDY)
         flood(e)  # the three prompts leave the pool for the disk
-        # one at a time: three 196-token loads at once do not fit a 512-slot pool
+        # one at a time: three 199-token loads at once do not fit a 512-slot pool
         again = [e.generate(input_ids=p, sampling_params=GREEDY) for p in prompts(0, 3)]
         stats = e.cache_stats()
     assert [o["token_ids"] for o in first] == [o["token_ids"] for o in again] == recomputed
     tiers = [o["meta_info"]["cached_tokens_by_tier"] for o in again]
-    assert all(t["disk"] > 0 and t["disk"] + t["device"] == 196 for t in tiers)
-    assert [o["meta_info"]["cached_tokens"] for o in again] == [196] * 3
+    assert all(t["disk"] > 0 and t["disk"] + t["device"] == 199 for t in tiers)
+    assert [o["meta_info"]["cached_tokens"] for o in again] == [199] * 3
     assert stats["disk_hit_tokens"] == sum(t["disk"] for t in tiers)
     assert stats["disk_pages_loaded"] > 0 and stats["disk_pages_demoted"] > 0
 
@@ -69,7 +69,7 @@ def test_write_through_writes_finished_requests_without_waiting_for_eviction(tmp
         assert e.cache_stats()["disk_pages_demoted"] == (200 + 8 - 1) // 4
     with engine(tmp_path) as restarted:
         out = restarted.generate(input_ids=prompts(0, 1)[0], sampling_params=GREEDY)
-    assert out["meta_info"]["cached_tokens_by_tier"]["disk"] == 196
+    assert out["meta_info"]["cached_tokens_by_tier"]["disk"] == 199
 
 
 def test_a_flipped_byte_is_dropped_and_recomputed_never_used(tmp_path, recomputed):
@@ -124,10 +124,10 @@ def test_the_server_reports_disk_hits_in_usage_and_metrics(tmp_path):
         httpx.post(url + "/v1/completions", json=body)
         flood(e)
         usage = httpx.post(url + "/v1/completions", json=body).json()["usage"]
-        assert usage["prompt_tokens_details"]["cached_tokens"] == 196
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 199
         text = httpx.get(url + "/metrics").text
         hits = [ln for ln in text.splitlines() if ln.startswith("radixserve_disk_cache_hits")]
-        assert hits and float(hits[0].split()[-1]) >= 196
+        assert hits and float(hits[0].split()[-1]) >= 199
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
@@ -161,7 +161,7 @@ def test_others_are_served_while_a_prompt_is_read_from_disk(tmp_path, recomputed
         short = SamplingParams(max_new_tokens=2, temperature=0)
         outs = e.generate(input_ids=[long_prompt, [5, 6, 7]], sampling_params=[GREEDY, short])
     slow, quick = (o["meta_info"] for o in outs)
-    assert slow["cached_tokens_by_tier"]["disk"] == 196
+    assert slow["cached_tokens_by_tier"]["disk"] == 199
     assert outs[0]["token_ids"] == recomputed[0]
     assert quick["latency_s"] < 0.5 * slow["ttft_s"]  # it did not wait for the read
 

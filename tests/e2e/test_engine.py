@@ -89,6 +89,26 @@ def test_a_shared_prefix_is_reported_cached(engine):
     assert out["meta_info"]["cached_tokens"] == 28  # 30 shared, page-aligned to 4
 
 
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_a_prompt_cached_whole_computes_only_its_last_token(backend):
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(3, 1000, 32).tolist()  # eight whole pages of 4
+    with Engine("tiny", page_size=4, enable_prefix_cache=False) as e:
+        expected = e.generate(input_ids=prompt, sampling_params=GREEDY)["token_ids"]
+    with Engine("tiny", page_size=4, attention_backend=backend, check_invariants=True) as e:
+        first = e.generate(input_ids=prompt, sampling_params=GREEDY)
+        passes = []
+        forward = e.runner.forward
+        e.runner.forward = lambda batch: passes.append(batch) or forward(batch)
+        # twice at once: both copy the head of the cached last page into a page of their own
+        again = e.generate(input_ids=[prompt, prompt], sampling_params=GREEDY)
+        stats = e.cache_stats()
+    assert [o["meta_info"]["cached_tokens"] for o in again] == [31, 31]
+    assert [first["token_ids"]] + [o["token_ids"] for o in again] == [expected] * 3
+    assert [(w.start, w.end) for w in passes[0].work] == [(31, 32)] * 2  # one token each
+    assert stats["kv_used"] == stats["cached_tokens"]  # the copies went back to the pool
+
+
 def test_a_prompt_waits_for_a_chunked_prefill_it_shares_instead_of_recomputing_it():
     rng = np.random.default_rng(3)
     shared = rng.integers(3, 1000, 300).tolist()
@@ -337,7 +357,7 @@ def test_logprobs_match_transformers(reference, tmp_path):
         assert abs(lp - float(logp[len(prompt) + i - 1, tok])) < 1e-4
         top = meta["output_top_logprobs"][i]
         assert len(top) == 3 and top[0][1] == tok  # greedy picks the most likely
-    assert meta["cached_tokens"] == 8  # capped so positions 9.. are recomputed
+    assert meta["cached_tokens"] == 9  # capped so positions 9.. are recomputed
 
 
 def test_parallel_samples_share_the_prompt(engine):
@@ -346,7 +366,7 @@ def test_parallel_samples_share_the_prompt(engine):
         input_ids=prompt, sampling_params=SamplingParams(max_new_tokens=4, n=4, seed=3)
     )
     cached = sorted(o["meta_info"]["cached_tokens"] for o in outs)
-    assert cached == [0, 16, 16, 16]  # one computes the prompt, three reuse its pages
+    assert cached == [0, 19, 19, 19]  # one computes the prompt, three all but its last token
 
 
 def test_many_threads_at_once_get_their_own_answers(engine):

@@ -28,8 +28,9 @@ def both(fn, *args):
 def close(native, twin, dtype, norm=False):
     if dtype == torch.float32:
         torch.testing.assert_close(native, twin, rtol=1e-5, atol=1e-5)
-    else:  # a norm's sum in another order may move a result by one bfloat16 step
-        step = 2.0**-7 * twin.float().abs().clamp_min(1e-3)
+    else:  # a norm's sum in another order may move the normalised value by one bfloat16
+        # step, which the weight's product (rounded again) can carry to two of the result's
+        step = 2.0**-6 * twin.float().abs().clamp_min(1e-3)
         assert ((native.float() - twin.float()).abs() <= (step if norm else 0)).all()
 
 

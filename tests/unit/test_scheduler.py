@@ -2,9 +2,10 @@
 page boundaries, the in-batch hold, preemption that keeps KV, abort, prefix groups, and the
 slot accounting after every step.
 
-The fake model writes ``(token, position)`` into each slot it computes and checks that every
-context slot it reads still holds the right token at the right position, so a slot handed
-to two owners, freed too early or matched to the wrong prefix fails the pass that reads it.
+The fake model writes ``(token, position)`` into each slot it computes (and copies what a
+batch says to copy) and checks that every context slot it reads still holds the right token
+at the right position, so a slot handed to two owners, freed too early, copied from the
+wrong place or matched to the wrong prefix fails the pass that reads it.
 """
 
 import subprocess
@@ -39,6 +40,9 @@ class FakeModel:
 
     def forward(self, batch: ScheduleBatch) -> dict[Req, int]:
         self.batches.append(batch)
+        if batch.kv_copies is not None:  # cached K/V moved before the pass reads it
+            for src, dst in zip(*batch.kv_copies, strict=True):
+                self.kv[int(dst)] = self.kv[int(src)]
         out = {}
         for w in batch.work:
             seq, slots = w.req.seq(), w.req.slots
@@ -203,6 +207,41 @@ def test_preemption_keeps_computed_kv_and_changes_no_output():
     assert [r.output_ids for r in reqs] == [expected_output(p, 12) for p in work]
     # a preempted request resumed from the tree: more was matched than was ever queried
     assert h.cache.stats().hit_tokens > h.metrics.hit_tokens
+
+
+def test_a_prompt_cached_whole_copies_its_last_page_head_and_computes_one_token():
+    rng = np.random.default_rng(6)
+    prompt = rng.integers(3, 900, 32).tolist()  # eight whole pages
+    h = Harness(page_size=4)
+    h.add(prompt, max_new_tokens=3)
+    h.run()
+    again = [h.add(prompt, max_new_tokens=3) for _ in range(3)] + [h.add(prompt[:30])]
+    batch = h.step()
+    spans = {w.req: (w.start, w.end) for w in batch.work}
+    assert [spans[r] for r in again] == [(31, 32)] * 3 + [(28, 30)]  # 28: no page past it
+    src, dst = batch.kv_copies
+    assert len(src) == len(dst) == 3 * 3 and not set(dst) & set(
+        h.cache.match_prefix(np.asarray(prompt, dtype=np.int32)).slots
+    )  # into the requests' own pages
+    h.run()
+    assert [r.output_ids for r in again] == [expected_output(prompt, 3)] * 3 + [
+        expected_output(prompt[:30], 4)
+    ]
+    assert [r.prompt_cached_tokens for r in again] == [31, 31, 31, 28]
+    assert h.allocator.num_used == h.cache.total_size
+
+
+def test_copies_under_preemption_change_no_output():
+    rng = np.random.default_rng(7)
+    prompt = rng.integers(3, 900, 24).tolist()
+    h = Harness(page_size=4, slots=120)
+    h.add(prompt, max_new_tokens=2)
+    h.run()
+    reqs = [h.add(prompt, max_new_tokens=20) for _ in range(5)]
+    h.run()
+    assert h.metrics.preemptions > 0
+    assert [r.output_ids for r in reqs] == [expected_output(prompt, 20)] * 5
+    assert any(b.kv_copies is not None for b in h.model.batches)
 
 
 def test_abort_frees_a_running_and_a_waiting_request():
