@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from radixserve.bench.workloads import MultiTurnChat, optimal_hit_rate
+from radixserve.bench.workloads import MultiTurnChat, optimal_hit_rate, served_tokens
 from radixserve.cache import RadixCache
 from radixserve.memory import KVSlotAllocator
 
@@ -24,7 +24,8 @@ def serve_without_model(cache: RadixCache, prompt: np.ndarray, output: np.ndarra
     """
     alloc = cache.allocator
     hit = cache.match_prefix(prompt)
-    cache.lock(hit.node)
+    served, owner = served_tokens(cache, prompt, hit)
+    cache.lock(owner)
     try:
         sequence = np.concatenate([prompt, output[:-1]]) if len(output) else prompt
         needed = alloc.slots_needed(len(sequence) - hit.length)
@@ -32,14 +33,14 @@ def serve_without_model(cache: RadixCache, prompt: np.ndarray, output: np.ndarra
             cache.evict(needed - alloc.num_free)
         fresh = alloc.alloc(len(sequence) - hit.length)
     finally:
-        cache.unlock(hit.node)
+        cache.unlock(owner)
     # Slot regions: [0, hit) the tree's, [hit, len) freshly computed, then page padding.
     slots = np.concatenate([hit.slots, fresh])
     done = cache.insert(sequence, slots[: len(sequence)])
     # Nothing evicted between match and insert, so `prefix_len == hit.length` unless the
     # output itself was cached before; duplicates and the unaligned tail go back.
     alloc.free(np.concatenate([slots[hit.length : done.prefix_len], slots[done.match.length :]]))
-    return min(hit.length, len(prompt) - 1)
+    return served
 
 
 def chat_through_tree(workload: MultiTurnChat, page_size: int, capacity: int | None) -> dict:

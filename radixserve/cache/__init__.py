@@ -6,6 +6,7 @@ from radixserve.cache.base import (
     CacheStats,
     InsertResult,
     Namespace,
+    PageHead,
     PrefixMatch,
 )
 from radixserve.cache.block_hash import BlockHashCache
@@ -33,6 +34,7 @@ __all__ = [
     "InsertResult",
     "Namespace",
     "NoPrefixCache",
+    "PageHead",
     "PrefixMatch",
     "RadixCache",
     "create_prefix_cache",

@@ -2,7 +2,9 @@
 
 A prefix cache maps token-id prefixes to the KV slots that hold their keys and values, so a
 request whose prompt starts with a cached prefix skips computing it. Matches are exact and
-start at position 0 (RoPE bakes absolute positions into K), at page granularity.
+start at position 0 (RoPE bakes absolute positions into K), at page granularity; the radix
+tree also finds the cached page whose first tokens continue a match (``match_page_head``),
+which the engine copies rather than recomputes.
 
 Ownership of slots: slots inside the cache belong to it and go back to the allocator only
 through ``evict`` or ``reset``. A caller that uses cached slots must hold a ``lock`` on the
@@ -31,6 +33,16 @@ class PrefixMatch:
     ``length`` is a multiple of the page size; ``slots[i]`` holds token ``i``'s KV for
     ``i < length``; ``node`` is an opaque handle to pass to ``lock``/``unlock``.
     """
+
+    length: int
+    slots: np.ndarray
+    node: object
+
+
+@dataclass(frozen=True)
+class PageHead:
+    """The first ``length`` tokens (fewer than a page) of a cached page, held in ``slots``;
+    ``node`` owns the page: lock it while the slots are read."""
 
     length: int
     slots: np.ndarray
@@ -101,6 +113,15 @@ class BasePrefixCache(ABC):
         node at a page boundary) without changing what is cached; refreshes the recency of
         the matched path. The handle is valid until the next eviction unless locked.
         """
+
+    def match_page_head(
+        self, tokens: Sequence[int] | np.ndarray, match: PrefixMatch
+    ) -> PageHead | None:
+        """The cached page after ``match`` (which ``match_prefix(tokens)`` just returned)
+        whose first tokens agree longest with the tokens after it; None when none starts
+        like them. Copying that head serves what page-granular matching leaves out. An
+        index of whole-page hashes cannot tell (the default)."""
+        return None
 
     @abstractmethod
     def peek_prefix(

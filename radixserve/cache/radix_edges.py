@@ -4,14 +4,15 @@ an edge where a match ends inside it. Mixed into ``RadixCache``, whose ``_roots`
 
 from __future__ import annotations
 
-from radixserve.cache.base import Namespace
-from radixserve.cache.tokens import TOKEN_BYTES
+from radixserve.cache.base import Namespace, PageHead, PrefixMatch
+from radixserve.cache.tokens import TOKEN_BYTES, encode_tokens
 from radixserve.cache.tree_node import TreeNode
 
 
 class RadixEdges:
     _roots: dict[Namespace, TreeNode]
     _page_bytes: int
+    page_size: int
 
     def _walk(
         self, key: bytes, namespace: Namespace
@@ -49,11 +50,28 @@ class RadixEdges:
             path.append(self._split(*partial))
         return path, matched
 
-    def _matching_bytes(self, key: bytes, pos: int, end: int, edge: bytes) -> int:
-        """Bytes of whole pages of ``edge`` that ``key[pos:end]`` matches; the first page is
-        known to match. Natively one scan; else a binary search over pages, each probe one
-        ``memcmp`` (the reference the native scan is tested against)."""
-        pb = self._page_bytes
+    def match_page_head(self, tokens, match: PrefixMatch) -> PageHead | None:
+        """See ``BasePrefixCache.match_page_head``: among the children of the match's node
+        whose first token is the next one, the one whose first page agrees longest."""
+        node = self._check_handle(match.node)
+        want = encode_tokens(tokens[match.length : match.length + self.page_size])
+        best, best_bytes = None, 0
+        for first_page, child in node.children.items():
+            if want and first_page.startswith(want[:TOKEN_BYTES]):
+                n = self._matching_bytes(want, 0, len(want), first_page, TOKEN_BYTES)
+                if n > best_bytes:
+                    best, best_bytes = child, n
+        length = min(best_bytes // TOKEN_BYTES, self.page_size - 1)
+        return PageHead(length, best.slots[:length], best) if length else None
+
+    def _matching_bytes(
+        self, key: bytes, pos: int, end: int, edge: bytes, pb: int | None = None
+    ) -> int:
+        """Bytes of whole pages (of ``pb`` bytes; the tree's by default) of ``edge`` that
+        ``key[pos:end]`` matches; the first page is known to match. Natively one scan; else
+        a binary search over pages, each probe one ``memcmp`` (the reference the native scan
+        is tested against)."""
+        pb = pb or self._page_bytes
         if self._native is not None:
             return self._native.matching_prefix(key, pos, edge, pb)
         lo, hi = 1, min(len(edge), end - pos) // pb

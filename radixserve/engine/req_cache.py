@@ -73,13 +73,15 @@ class ReqCacheManager:
     def admit(self, req: Req) -> None:
         """Match ``req``'s sequence and lock the match; its slots start as the cached part.
 
-        The cache's region ends on a page boundary, but the match may run on into the page
-        holding the token the request must compute (a prompt cached whole ends there). The
-        head of that page is then copied into the request's own first page by its next pass
-        (``kv_copy``) instead of computed: such a prompt computes one token, not a page.
+        The cache's region ends on a page boundary, but what is cached may go on into the
+        next page: the match runs into the page holding the token the request must compute
+        (a prompt cached whole ends there), or a cached page begins with the tokens after
+        the match (a shared prompt ends inside a page). That page's head is then copied into
+        the request's own first page by its next pass (``kv_copy``) instead of computed.
         """
         t0 = time.perf_counter()
-        hit = self.cache.match_prefix(req.seq(), req.namespace)
+        seq = req.seq()
+        hit = self.cache.match_prefix(seq, req.namespace)
         self.metrics.lookup_s.append(time.perf_counter() - t0)
         last = self._last(req)
         device = min(hit.length, last)
@@ -87,14 +89,17 @@ class ReqCacheManager:
         if isinstance(req.tier_read, TierRead):
             hit, host = self._install_read(req, hit, self._reach(last))
         cached = min(hit.length, last // self.page * self.page)
-        self.cache.lock(hit.node)  # the whole match: the copy's source page too
-        req.last_node = hit.node
+        source, owner = hit.slots[cached:], hit.node
+        if hit.length == cached < last and (head := self.cache.match_page_head(seq, hit)):
+            source, owner = head.slots, head.node
+        self.cache.lock(owner)  # the match and the copy's source page
+        req.last_node = owner
         req.cached_len = req.computed_len = cached
         req.slots = np.array(hit.slots[:cached], dtype=np.int64)
-        copied = min(hit.length, last) - cached  # < a page: never whole, never adopted
+        copied = min(len(source), last - cached)  # < a page: never whole, never adopted
         if copied > 0 and self.ensure_slots(req, cached + copied):
             end = cached + copied
-            req.kv_copy = (np.array(hit.slots[cached:end], dtype=np.int64), req.slots[cached:end])
+            req.kv_copy = (np.array(source[:copied], dtype=np.int64), req.slots[cached:end])
             req.computed_len = end
         if not req.admitted_once:  # a preempted request's re-admission is not a new query
             req.admitted_once = True

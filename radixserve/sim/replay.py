@@ -29,7 +29,9 @@ POLICIES = ("lru", "lfu", "belady")
 
 def served_tokens(req: TraceRequest, pages: int, page_size: int) -> int:
     """Prompt tokens ``pages`` matched pages serve: all but the last prompt token, which is
-    computed (the engine copies the head of a matched page that holds it)."""
+    computed (the engine copies the head of a matched page that holds it). The engine also
+    copies the head of a cached page that a prompt's next tokens begin like; a trace of
+    whole-page hashes cannot see those, so replays count slightly fewer hits."""
     return min(pages * page_size, req.input_length - 1)
 
 

@@ -61,6 +61,23 @@ class RadixCacheMachine(RuleBasedStateMachine):
             slots.append(slot)
         return slots[: len(slots) - len(slots) % self.page_size]
 
+    def ref_page_heads(self, tokens, namespace, start) -> tuple[int, list[list[int]]]:
+        """The most of ``tokens[start:]`` (under a page) that a cached page at ``start``
+        begins with, and the slots of each page beginning with that many."""
+        page, best, found = self.page_size, 0, []
+        want = tuple(tokens[start : start + page - 1])
+        for (ns, key, i), _ in self.ref.items():
+            if ns != namespace or i != start or key[:start] != tuple(tokens[:start]):
+                continue
+            n = 0
+            while n < len(want) and key[start + n] == want[n]:
+                n += 1
+            if n and n >= best:
+                found = found if n == best else []
+                best = n
+                found.append([self.ref[(ns, key, start + j)] for j in range(n)])
+        return best, found
+
     def ref_key(self, tokens, namespace, i) -> tuple:
         return (namespace, tuple(tokens[: (i // self.page_size + 1) * self.page_size]), i)
 
@@ -111,6 +128,12 @@ class RadixCacheMachine(RuleBasedStateMachine):
             m = self.cache.match_prefix(query, ns)
             assert m.slots.tolist() == self.ref_match(query, ns)
             assert m.length == len(m.slots)
+            head = self.cache.match_page_head(query, m)
+            best, found = self.ref_page_heads(query, ns, m.length)
+            if best == 0:
+                assert head is None
+            else:
+                assert head.length == best and head.slots.tolist() in found
 
     @rule(item=sequences, cut=st.integers(0, 40))
     def lock(self, item, cut):
@@ -210,6 +233,9 @@ class BlockHashCacheMachine(RadixCacheMachine):
                 break
             slots += [self.ref[(h, j)] for j in range(self.page_size)]
         return slots
+
+    def ref_page_heads(self, tokens, namespace, start) -> tuple[int, list[list[int]]]:
+        return 0, []  # whole-page hashes say nothing about part of a page
 
     def record(self, tokens, namespace, cached, slots) -> None:
         page = self.page_size

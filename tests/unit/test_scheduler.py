@@ -209,7 +209,7 @@ def test_preemption_keeps_computed_kv_and_changes_no_output():
     assert h.cache.stats().hit_tokens > h.metrics.hit_tokens
 
 
-def test_a_prompt_cached_whole_copies_its_last_page_head_and_computes_one_token():
+def test_cached_page_heads_are_copied_so_a_prompt_computes_only_what_is_new():
     rng = np.random.default_rng(6)
     prompt = rng.integers(3, 900, 32).tolist()  # eight whole pages
     h = Harness(page_size=4)
@@ -218,16 +218,17 @@ def test_a_prompt_cached_whole_copies_its_last_page_head_and_computes_one_token(
     again = [h.add(prompt, max_new_tokens=3) for _ in range(3)] + [h.add(prompt[:30])]
     batch = h.step()
     spans = {w.req: (w.start, w.end) for w in batch.work}
-    assert [spans[r] for r in again] == [(31, 32)] * 3 + [(28, 30)]  # 28: no page past it
+    # the last: 28 tokens in whole pages, token 28 copied from the cached page after them
+    assert [spans[r] for r in again] == [(31, 32)] * 3 + [(29, 30)]
     src, dst = batch.kv_copies
-    assert len(src) == len(dst) == 3 * 3 and not set(dst) & set(
+    assert len(src) == len(dst) == 3 * 3 + 1 and not set(dst) & set(
         h.cache.match_prefix(np.asarray(prompt, dtype=np.int32)).slots
     )  # into the requests' own pages
     h.run()
     assert [r.output_ids for r in again] == [expected_output(prompt, 3)] * 3 + [
         expected_output(prompt[:30], 4)
     ]
-    assert [r.prompt_cached_tokens for r in again] == [31, 31, 31, 28]
+    assert [r.prompt_cached_tokens for r in again] == [31, 31, 31, 29]
     assert h.allocator.num_used == h.cache.total_size
 
 
