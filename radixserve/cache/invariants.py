@@ -34,6 +34,11 @@ def check_radix_invariants(cache: RadixCache, slots_held_outside: int = 0) -> No
         stack = [root]
         while stack:
             node = stack.pop()
+            heads = {t: set(g.items()) for t, g in node.heads.items()}
+            by_token: dict[bytes, set] = {}
+            for first_page, child in node.children.items():
+                by_token.setdefault(first_page[:TOKEN_BYTES], set()).add((first_page, child))
+            _require(heads == by_token, "a node's first-token groups differ from its children")
             for first_page, child in node.children.items():
                 _require(child.parent is node, "a child's parent pointer is wrong")
                 _require(child.key[:pb] == first_page, "a child is keyed by the wrong page")

@@ -142,7 +142,7 @@ class RadixCache(RadixEdges, BasePrefixCache):
             if self._is_evictable_leaf(parent):
                 self._queue.remove(parent)
             leaf = TreeNode(key[matched:end], new_slots.copy(), parent, namespace)
-            parent.children[leaf.key[: self._page_bytes]] = leaf
+            parent.add_child(leaf, leaf.key[: self._page_bytes])
             self._touch(path)
             leaf.last_access = self._tick()
             leaf.hits = 1
@@ -197,7 +197,7 @@ class RadixCache(RadixEdges, BasePrefixCache):
             if self.on_evict is not None:
                 self.on_evict(self._path_tokens(leaf), leaf.slots, leaf.namespace)
             parent = leaf.parent
-            del parent.children[leaf.key[: self._page_bytes]]
+            parent.remove_child(leaf.key[: self._page_bytes])
             leaf.evicted = True
             freed += leaf.num_tokens
             freed_slots.append(leaf.slots)

@@ -4,9 +4,14 @@ an edge where a match ends inside it. Mixed into ``RadixCache``, whose ``_roots`
 
 from __future__ import annotations
 
+from itertools import islice
+
 from radixserve.cache.base import Namespace, PageHead, PrefixMatch
 from radixserve.cache.tokens import TOKEN_BYTES, encode_tokens
 from radixserve.cache.tree_node import TreeNode
+
+# Children beginning with a query's next token that a page-head search compares.
+HEAD_CANDIDATES = 32
 
 
 class RadixEdges:
@@ -52,15 +57,17 @@ class RadixEdges:
 
     def match_page_head(self, tokens, match: PrefixMatch) -> PageHead | None:
         """See ``BasePrefixCache.match_page_head``: among the children of the match's node
-        whose first token is the next one, the one whose first page agrees longest."""
+        whose first token is the next one (the newest ``HEAD_CANDIDATES``: under a shared
+        prompt ending inside a page, thousands of children may begin alike), the one whose
+        first page agrees longest."""
         node = self._check_handle(match.node)
         want = encode_tokens(tokens[match.length : match.length + self.page_size])
+        group = node.heads.get(want[:TOKEN_BYTES]) if want else None
         best, best_bytes = None, 0
-        for first_page, child in node.children.items():
-            if want and first_page.startswith(want[:TOKEN_BYTES]):
-                n = self._matching_bytes(want, 0, len(want), first_page, TOKEN_BYTES)
-                if n > best_bytes:
-                    best, best_bytes = child, n
+        for first_page, child in islice(reversed(group.items()), HEAD_CANDIDATES) if group else ():
+            n = self._matching_bytes(want, 0, len(want), first_page, TOKEN_BYTES)
+            if n > best_bytes:
+                best, best_bytes = child, n
         length = min(best_bytes // TOKEN_BYTES, self.page_size - 1)
         return PageHead(length, best.slots[:length], best) if length else None
 
@@ -96,9 +103,9 @@ class RadixEdges:
             self._tick(),
         )
         upper.lock_ref = node.lock_ref
-        node.parent.children[upper.key[: self._page_bytes]] = upper
+        node.parent.add_child(upper, upper.key[: self._page_bytes])
         node.key = node.key[at:]
         node.slots = node.slots[at // TOKEN_BYTES :]
         node.parent = upper
-        upper.children[node.key[: self._page_bytes]] = node
+        upper.add_child(node, node.key[: self._page_bytes])
         return upper

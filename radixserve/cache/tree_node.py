@@ -6,16 +6,19 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from radixserve.cache.tokens import TOKEN_BYTES
+
 
 class TreeNode:
     """An edge from ``parent`` to this node.
 
     ``key`` holds the edge's token ids as int32 bytes (a whole number of pages) and ``slots``
     their KV slots, one per token. ``children`` is keyed by the first page of each child's
-    key, so two children never share a first page. ``lock_ref`` counts the users of every
-    path that runs through this node; a parent's count is never below a child's.
-    ``last_access`` is a tick of the tree's clock, unique among nodes; ``hits`` counts the
-    node's uses; ``evict_key`` is its place in the eviction policy's queue (see
+    key, so two children never share a first page; ``heads`` groups the same children by
+    their first token (for finding pages that begin like a query). ``lock_ref`` counts the
+    users of every path that runs through this node; a parent's count is never below a
+    child's. ``last_access`` is a tick of the tree's clock, unique among nodes; ``hits``
+    counts the node's uses; ``evict_key`` is its place in the eviction policy's queue (see
     ``eviction.py``) while it is a candidate.
     """
 
@@ -23,6 +26,7 @@ class TreeNode:
         "children",
         "evict_key",
         "evicted",
+        "heads",
         "hits",
         "key",
         "last_access",
@@ -45,11 +49,25 @@ class TreeNode:
         self.parent = parent
         self.namespace = namespace
         self.children: dict[bytes, TreeNode] = {}
+        self.heads: dict[bytes, dict[bytes, TreeNode]] = {}
         self.lock_ref = 0
         self.last_access = last_access
         self.evicted = False
         self.hits = 0
         self.evict_key: tuple | None = None
+
+    def add_child(self, child: TreeNode, first_page: bytes) -> None:
+        """Hang ``child`` (whose key starts with ``first_page``) here, replacing any child
+        keyed by that page."""
+        self.children[first_page] = child
+        self.heads.setdefault(first_page[:TOKEN_BYTES], {})[first_page] = child
+
+    def remove_child(self, first_page: bytes) -> None:
+        del self.children[first_page]
+        group = self.heads[first_page[:TOKEN_BYTES]]
+        del group[first_page]
+        if not group:
+            del self.heads[first_page[:TOKEN_BYTES]]
 
     @property
     def num_tokens(self) -> int:
