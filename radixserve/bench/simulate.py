@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from radixserve.bench.workloads import MultiTurnChat, optimal_hit_rate, served_tokens
+from radixserve.bench.workloads import MultiTurnChat, optimal_hit_rate
 from radixserve.cache import RadixCache
 from radixserve.memory import KVSlotAllocator
 
@@ -24,7 +24,7 @@ def serve_without_model(cache: RadixCache, prompt: np.ndarray, output: np.ndarra
     """
     alloc = cache.allocator
     hit = cache.match_prefix(prompt)
-    served, owner = served_tokens(cache, prompt, hit)
+    served, _, owner = cache.serving_prefix(prompt, hit, len(prompt) - 1)
     cache.lock(owner)
     try:
         sequence = np.concatenate([prompt, output[:-1]]) if len(output) else prompt

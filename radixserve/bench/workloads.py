@@ -54,23 +54,12 @@ class Workload:
         return optimal_hit_rate(((r.prompt, r.output) for r in self.requests), page_size)
 
 
-def served_tokens(cache, prompt: np.ndarray, match) -> tuple[int, object]:
-    """Prompt tokens an engine serves from ``cache`` given ``match`` (all it matched but the
-    last token, always computed: its logits give the first output; where the match stops
-    short, the head of a cached page that begins like the rest, which it copies), and the
-    node to lock while they are read."""
-    last = len(prompt) - 1
-    if match.length < last and (head := cache.match_page_head(prompt, match)) is not None:
-        return match.length + min(head.length, last - match.length), head.node
-    return min(match.length, last), match.node
-
-
 def optimal_hit_rate(
     calls: Iterable[tuple[Sequence[int], Sequence[int] | None]], page_size: int = 1
 ) -> float:
     """The token hit rate of a cache with unlimited memory serving ``(prompt, output)`` calls
     one at a time in order: each distinct whole page of prefix is computed once (and a page
-    beginning like a later prompt serves that head: ``served_tokens``); every call computes
+    beginning like a later prompt serves that head: ``serving_prefix``); every call computes
     at least its last prompt token (its logits give the first output); a reply's
     tokens but the last had their K/V computed while decoding, so a later prompt that
     repeats them hits them."""
@@ -80,7 +69,7 @@ def optimal_hit_rate(
     hits = total = 0
     for prompt, output in calls:
         prompt = np.asarray(prompt, dtype=np.int32)
-        hits += served_tokens(cache, prompt, cache.match_prefix(prompt))[0]
+        hits += cache.serving_prefix(prompt, cache.match_prefix(prompt), len(prompt) - 1)[0]
         total += len(prompt)
         seen = (
             prompt

@@ -123,6 +123,23 @@ class BasePrefixCache(ABC):
         index of whole-page hashes cannot tell (the default)."""
         return None
 
+    def serving_prefix(
+        self, tokens: Sequence[int] | np.ndarray, match: PrefixMatch, last: int
+    ) -> tuple[int, np.ndarray, object]:
+        """How many of the first ``last`` tokens of ``tokens`` the cache can serve given
+        ``match`` (which ``match_prefix(tokens)`` just returned), the slots holding them,
+        and the node to lock while they are read: the match, into the page holding token
+        ``last`` when it runs past it, else on into the head of the next cached page
+        (``match_page_head``). What lies past the last whole page is copied by the engine,
+        not read in place."""
+        if match.length >= last:
+            return last, match.slots[:last], match.node
+        head = self.match_page_head(tokens, match)
+        if head is None:
+            return match.length, match.slots, match.node
+        n = min(head.length, last - match.length)
+        return match.length + n, np.concatenate([match.slots, head.slots[:n]]), head.node
+
     @abstractmethod
     def peek_prefix(
         self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None

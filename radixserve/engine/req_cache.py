@@ -84,30 +84,27 @@ class ReqCacheManager:
         hit = self.cache.match_prefix(seq, req.namespace)
         self.metrics.lookup_s.append(time.perf_counter() - t0)
         last = self._last(req)
-        device = min(hit.length, last)
-        host = 0
+        before, host = hit.length, 0
         if isinstance(req.tier_read, TierRead):
             hit, host = self._install_read(req, hit, self._reach(last))
-        cached = min(hit.length, last // self.page * self.page)
-        source, owner = hit.slots[cached:], hit.node
-        if hit.length == cached < last and (head := self.cache.match_page_head(seq, hit)):
-            source, owner = head.slots, head.node
+        # [before, hit.length) came from the lower tiers
+        served, slots, owner = self.cache.serving_prefix(seq, hit, last)
+        cached = served // self.page * self.page
         self.cache.lock(owner)  # the match and the copy's source page
         req.last_node = owner
         req.cached_len = req.computed_len = cached
-        req.slots = np.array(hit.slots[:cached], dtype=np.int64)
-        copied = min(len(source), last - cached)  # < a page: never whole, never adopted
-        if copied > 0 and self.ensure_slots(req, cached + copied):
-            end = cached + copied
-            req.kv_copy = (np.array(source[:copied], dtype=np.int64), req.slots[cached:end])
-            req.computed_len = end
+        req.slots = np.array(slots[:cached], dtype=np.int64)
+        # [cached, served): under a page, so never whole and never adopted uncopied
+        if served > cached and self.ensure_slots(req, served):
+            req.kv_copy = (np.array(slots[cached:served], dtype=np.int64), req.slots[cached:served])
+            req.computed_len = served
         if not req.admitted_once:  # a preempted request's re-admission is not a new query
             req.admitted_once = True
             served = req.prompt_cached_tokens = req.computed_len
-            device = min(device, served)
-            host = min(host, served - device)
-            disk = served - device - host
-            req.prompt_cached_by_tier = {"device": device, "host": host, "disk": disk}
+            lower = max(0, min(served, hit.length) - before)
+            host = min(host, lower)
+            disk = lower - host
+            req.prompt_cached_by_tier = {"device": served - lower, "host": host, "disk": disk}
             self.metrics.admitted(len(req.input_ids), served)
             self.metrics.host_hit_tokens += host
             self.metrics.disk_hit_tokens += disk
