@@ -42,9 +42,10 @@ class EngineConfig:
     # keep freed host memory for reuse (glibc's mmap/trim thresholds, process-wide): CPU
     # forward passes stop faulting in fresh pages for every temporary
     tune_malloc: bool = True
-    # bfloat16 on a CPU with bfloat16 instructions: keep a second copy of the projections'
-    # weights in oneDNN's layout (1.3-1.9x faster projections; costs their size in memory)
-    pack_bf16_weights: bool = True
+    # keep a second copy of the projections' weights in oneDNN's layout where its GEMM is the
+    # faster one (bfloat16 with bfloat16 instructions; float32 where it clearly outruns
+    # torch's BLAS, as on AMD EPYC): costs their size in memory
+    pack_weights: bool = True
     # a disk tier under the KV pool: pages leaving the pool are kept in this folder (bounded
     # by disk_cache_size_gb) and read back when a prompt's prefix runs past the pool's; a
     # new engine on the folder hits what an earlier one wrote. write_policy "write_back"

@@ -23,7 +23,7 @@ from radixserve.engine.schedule_batch import ScheduleBatch
 from radixserve.memory.host_malloc import keep_freed_memory
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model import load_model
-from radixserve.model.linear import pack_bf16_weights
+from radixserve.model.linear import pack_weights
 
 
 class ModelRunner:
@@ -35,8 +35,8 @@ class ModelRunner:
         self.loaded = load_model(
             config.model, dtype=getattr(torch, config.dtype), device=self.device
         )
-        if config.pack_bf16_weights and self.device.type == "cpu":
-            pack_bf16_weights(self.loaded.model)
+        if config.pack_weights and self.device.type == "cpu":
+            pack_weights(self.loaded.model)
         cfg = self.loaded.config
         self.num_slots = self._pool_slots()
         self.pool = KVPool(

@@ -15,9 +15,17 @@ from 16 to 2048 rows; where the CPU has them (AVX512_BF16, AMX), torch's GEMM is
 one (a 2048-token prefill ran 6x faster with it) and only up to ``NATIVE_BF16_ROWS`` rows
 go native. Without the native module, float32 up to ``FEW_ROWS`` rows is written
 weight-first, ``(W @ x.T).T``, which MKL ran 1.5-2x faster than ``x @ W.T`` here.
+
+Which library multiplies fastest depends on the CPU, not only on its instructions: on an
+AMD EPYC with AVX-512, torch's float32 GEMM (MKL) ran bench-135m's projections at 155-180
+GFLOP/s where oneDNN on packed weights ran ~410, so a ``Linear`` may hold its weight again
+in oneDNN's layout (``pack_weights``) for the batches where that is the faster path.
 """
 
 from __future__ import annotations
+
+import time
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +37,13 @@ NATIVE_ROWS = 48
 NATIVE_BF16_ROWS = 8
 FEW_ROWS = 128
 BF16_GEMM = torch_has_bf16_instructions()
-# Rows from which a packed bfloat16 weight beats the native kernel (14.4 ms against 13.0 for
-# bench-135m's projections at 4 rows, 13.8 against 15.1 at 8).
-PACKED_MIN_ROWS = 5
+# Rows from which a packed weight beats the native kernel on bench-135m's projections:
+# bfloat16 14.4 ms against 13.0 at 4 rows, 13.8 against 15.1 at 8; float32 (AMD EPYC) 21 ms
+# against 21 at 16 rows, 32 against 41 at 32.
+PACKED_MIN_ROWS = {torch.bfloat16: 5, torch.float32: 24}
+# How much faster than torch's own float32 GEMM oneDNN's must run here to be worth a second
+# copy of the weights (2.3-2.6x on an AMD EPYC; alike on the Intel Xeons measured).
+FLOAT32_PACK_GAIN = 1.5
 # The batch size oneDNN is told to expect when it lays the weights out: a decode step's.
 PACK_BATCH_HINT = 32
 
@@ -63,7 +75,7 @@ def _native_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 class Linear(nn.Linear):
     """Same parameters and names as ``nn.Linear``, so checkpoints load unchanged. ``packed``:
-    the weight again in oneDNN's blocked layout (``pack_bf16_weights``), or None."""
+    the weight again in oneDNN's blocked layout (``pack_weights``), or None."""
 
     packed: torch.Tensor | None = None
 
@@ -71,36 +83,56 @@ class Linear(nn.Linear):
         if (
             self.packed is not None
             and x.dim() == 2
-            and len(x) >= PACKED_MIN_ROWS
-            and x.dtype == torch.bfloat16
+            and x.dtype == self.weight.dtype
+            and len(x) >= PACKED_MIN_ROWS[x.dtype]
             and not torch.is_grad_enabled()
         ):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return linear(x, self.weight, self.bias)
 
 
-def can_pack_bf16() -> bool:
-    """Whether torch's oneDNN here multiplies bfloat16 on bfloat16 instructions (AMX,
-    AVX512_BF16) and can lay weights out for it."""
-    return (
-        BF16_GEMM
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+def can_pack(dtype: torch.dtype) -> bool:
+    """Whether oneDNN here multiplies ``dtype`` faster than torch's plain GEMM: bfloat16 on
+    bfloat16 instructions (AMX, AVX512_BF16), float32 where a probe finds it clearly ahead."""
+    if not (
+        torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    ):
+        return False
+    if dtype == torch.bfloat16:
+        return BF16_GEMM
+    return dtype == torch.float32 and onednn_float32_gain() >= FLOAT32_PACK_GAIN
+
+
+@cache
+def onednn_float32_gain() -> float:
+    """torch's float32 GEMM time over oneDNN's on packed weights, for a prefill-sized product
+    (the better of three alternated runs each, once per process)."""
+    x, w = torch.randn(512, 576), torch.randn(1536, 576)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT)
+    calls = (
+        lambda: F.linear(x, w),
+        lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
     )
+    best = [float("inf"), float("inf")]
+    with torch.inference_mode():
+        for _ in range(4):  # the first round warms both up
+            for i, call in enumerate(calls):
+                start = time.perf_counter()
+                call()
+                best[i] = min(best[i], time.perf_counter() - start)
+    return best[0] / best[1]
 
 
-def pack_bf16_weights(model: nn.Module) -> int:
-    """Give every bfloat16 CPU ``Linear`` of ``model`` a copy of its weight laid out for
-    oneDNN's bfloat16 kernels; returns the bytes that adds (a second copy of the weights).
+def pack_weights(model: nn.Module) -> int:
+    """Give every CPU ``Linear`` of ``model`` whose dtype ``can_pack`` a copy of its weight
+    laid out for oneDNN; returns the bytes that adds (a second copy of those weights).
 
-    On a CPU with AMX, bench-135m's projections ran 1.3-1.9x faster packed than through
-    ``F.linear`` from 8 to 256 rows and 1.18x at 2,048, with the same results."""
-    if not can_pack_bf16():
-        return 0
+    bfloat16 on a CPU with AMX: bench-135m's projections ran 1.3-1.9x faster packed than
+    through ``F.linear`` from 8 to 256 rows and 1.18x at 2,048, with the same results."""
     added = 0
     for m in model.modules():
         w = m.weight if isinstance(m, Linear) else None
-        if w is not None and w.dtype == torch.bfloat16 and w.device.type == "cpu":
+        if w is not None and w.device.type == "cpu" and can_pack(w.dtype):
             m.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_BATCH_HINT)
             added += w.numel() * w.element_size()
     return added
