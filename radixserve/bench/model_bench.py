@@ -59,6 +59,7 @@ class _Ours:
     ) -> None:
         cfg = loaded.config
         dtype = next(loaded.model.parameters()).dtype
+        loaded.model.pack_weights()  # as the engine does; transformers' twin copies the plain
         self.model, self.page_size = loaded.model, page_size
         self.allocator = KVSlotAllocator(num_slots, page_size)
         pool = KVPool(cfg.num_layers, num_slots, page_size, cfg.num_kv_heads, cfg.head_dim, dtype)

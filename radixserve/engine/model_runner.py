@@ -23,7 +23,6 @@ from radixserve.engine.schedule_batch import ScheduleBatch
 from radixserve.memory.host_malloc import keep_freed_memory
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model import load_model
-from radixserve.model.linear import pack_weights
 
 
 class ModelRunner:
@@ -36,7 +35,7 @@ class ModelRunner:
             config.model, dtype=getattr(torch, config.dtype), device=self.device
         )
         if config.pack_weights and self.device.type == "cpu":
-            pack_weights(self.loaded.model)
+            self.loaded.model.pack_weights()
         cfg = self.loaded.config
         self.num_slots = self._pool_slots()
         self.pool = KVPool(

@@ -15,7 +15,7 @@ from torch import nn
 from radixserve.attention import AttentionBackend, ForwardBatch
 from radixserve.model.config import ModelConfig
 from radixserve.model.fused import rms_norm, rope_, silu_mul
-from radixserve.model.linear import Linear, linear
+from radixserve.model.linear import Linear, pack, pack_weights, packed_linear
 from radixserve.model.rope import RotaryEmbedding
 
 
@@ -125,6 +125,24 @@ class LlamaForCausalLM(nn.Module):
         with torch.device("cpu"):  # real frequencies even when the model is built on "meta"
             self.rotary = RotaryEmbedding(hf_config, cfg.head_dim)
 
+    # the output weight again in oneDNN's layout (``pack``); a tied one is no ``Linear``
+    output_packed: torch.Tensor | None = None
+
+    def pack_weights(self) -> int:
+        """Pack every projection and the output weight where oneDNN multiplies faster
+        (``linear.pack_weights``); returns the bytes that adds."""
+        added = pack_weights(self)
+        if self.config.tie_word_embeddings and (packed := pack(self.output_weight)) is not None:
+            self.output_packed = packed
+            added += packed.numel() * packed.element_size()
+        return added
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the final-normed states ``x``."""
+        if self.config.tie_word_embeddings:
+            return packed_linear(x, self.output_weight, self.output_packed).float()
+        return self.lm_head(x).float()
+
     @property
     def output_weight(self) -> torch.Tensor:
         if self.config.tie_word_embeddings:
@@ -141,7 +159,6 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(x, residual, cos_sin, batch, backend)
         last_index = torch.cumsum(torch.tensor(batch.extend_lens, device=x.device), 0) - 1
         if batch.return_all_logits:
-            every = linear(self.model.norm(x, residual), self.output_weight).float()
+            every = self.logits(self.model.norm(x, residual))
             return Logits(every[last_index], every)
-        last = self.model.norm(x[last_index], residual[last_index])
-        return Logits(linear(last, self.output_weight).float())
+        return Logits(self.logits(self.model.norm(x[last_index], residual[last_index])))

@@ -131,3 +131,26 @@ def test_half_precision_stays_close(hf_models, dtype):
     theirs = hf_last_logits(hf, ids)
     assert ours.dtype == torch.float32
     assert (ours - theirs).abs().max().item() < 0.05
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # tied and untied output weights
+def test_weights_packed_for_onednn_give_the_same_logits(hf_models, monkeypatch, arch):
+    from radixserve.model import linear
+
+    # float32 packs only where oneDNN outruns torch's BLAS; test its path wherever it exists
+    monkeypatch.setattr(linear, "FLOAT32_PACK_GAIN", 0.0)
+    if not linear.can_pack(torch.float32):
+        pytest.skip("torch has no oneDNN here")
+    hf, path = hf_models[arch]
+    loaded = load_model(path)
+    model = loaded.model
+    assert model.pack_weights() > 0
+    linears = [m for m in model.modules() if isinstance(m, linear.Linear)]
+    assert linears and all(m.packed is not None for m in linears)
+    assert (model.output_packed is not None) == (arch == "llama")  # qwen2's is a Linear
+    runner = PagedRunner(loaded, 16)
+    ids = prompt(45, seed=3)  # past PACKED_MIN_ROWS: projections and logits run packed
+    logits = runner.extend([(runner.new(), ids)], all_logits=True)
+    with torch.no_grad():
+        every = hf(torch.tensor([ids])).logits[0].float()
+    assert_close(logits.all, every)
