@@ -5,6 +5,7 @@
 #include "linear_rows.h"
 #include "merge_states.h"
 #include "paged_attention.h"
+#include "softmax_rows.h"
 
 namespace {
 
@@ -199,6 +200,18 @@ void rope_inplace(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
   });
 }
 
+// Each row of s [rows, cols] (float32, unit column stride) to its softmax, in place; returns
+// each row's log-sum-exp [rows].
+torch::Tensor softmax_rows(torch::Tensor s) {
+  TORCH_CHECK(s.dim() == 2 && s.scalar_type() == torch::kFloat32 && s.device().is_cpu() &&
+                  s.stride(1) == 1,
+              "s must be a float32 CPU [rows, cols] tensor with contiguous rows");
+  auto lse = torch::empty({s.size(0)}, s.options());
+  radixserve::softmax_rows(s.data_ptr<float>(), s.size(0), s.size(1), s.stride(0),
+                           lse.data_ptr<float>());
+  return lse;
+}
+
 // Bytes of key[pos:] and edge that agree, in whole tokens of `unit` bytes.
 int64_t matching_prefix(const pybind11::bytes& key, int64_t pos, const pybind11::bytes& edge,
                         int64_t unit) {
@@ -220,5 +233,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += x (if given), then weight * rms_norm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("rope_inplace", &rope_inplace, "rotary embedding applied in place");
+  m.def("softmax_rows", &softmax_rows, "rows to their softmax in place; returns their lse");
   m.def("matching_prefix", &matching_prefix, "Agreeing bytes of key[pos:] and edge");
 }

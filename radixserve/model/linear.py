@@ -24,14 +24,11 @@ in oneDNN's layout (``pack_weights``) for the batches where that is the faster p
 
 from __future__ import annotations
 
-import time
-from functools import cache
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixserve.csrc import load_native, torch_has_bf16_instructions
+from radixserve.csrc import load_native, onednn_float32_faster, torch_has_bf16_instructions
 
 NATIVE_ROWS = 48
 NATIVE_BF16_ROWS = 8
@@ -41,9 +38,6 @@ BF16_GEMM = torch_has_bf16_instructions()
 # bfloat16 14.4 ms against 13.0 at 4 rows, 13.8 against 15.1 at 8; float32 (AMD EPYC) 21 ms
 # against 21 at 16 rows, 32 against 41 at 32.
 PACKED_MIN_ROWS = {torch.bfloat16: 5, torch.float32: 24}
-# How much faster than torch's own float32 GEMM oneDNN's must run here to be worth a second
-# copy of the weights (2.3-2.6x on an AMD EPYC; alike on the Intel Xeons measured).
-FLOAT32_PACK_GAIN = 1.5
 # The batch size oneDNN is told to expect when it lays the weights out: a decode step's.
 PACK_BATCH_HINT = 32
 
@@ -118,27 +112,7 @@ def can_pack(dtype: torch.dtype) -> bool:
         return False
     if dtype == torch.bfloat16:
         return BF16_GEMM
-    return dtype == torch.float32 and onednn_float32_gain() >= FLOAT32_PACK_GAIN
-
-
-@cache
-def onednn_float32_gain() -> float:
-    """torch's float32 GEMM time over oneDNN's on packed weights, for a prefill-sized product
-    (the better of three alternated runs each, once per process)."""
-    x, w = torch.randn(512, 576), torch.randn(1536, 576)
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT)
-    calls = (
-        lambda: F.linear(x, w),
-        lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
-    )
-    best = [float("inf"), float("inf")]
-    with torch.inference_mode():
-        for _ in range(4):  # the first round warms both up
-            for i, call in enumerate(calls):
-                start = time.perf_counter()
-                call()
-                best[i] = min(best[i], time.perf_counter() - start)
-    return best[0] / best[1]
+    return dtype == torch.float32 and onednn_float32_faster()
 
 
 def pack_weights(model: nn.Module) -> int:
