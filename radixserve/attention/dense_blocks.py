@@ -12,11 +12,11 @@ leaves a softmax state per (token, head) and ``merge`` combines them by log-sum-
 Grouped query attention folds into the query axis where nothing is causal: the ``G`` query
 heads of a KV head are ``G`` more queries over the same keys.
 
-Where oneDNN's float32 GEMM clearly outruns torch's BLAS (``linear.can_pack``; on an AMD
-EPYC ~410 GFLOP/s against ~160, which torch's flash kernel also runs at; see
-``csrc.onednn_float32_faster``), a shared block is
-instead two oneDNN products with a native softmax between them, a chunk of queries at a
-time so that its scores stay in cache (5,952 queries x 1,024 keys: 1.6x the flash kernel).
+Where oneDNN's float32 GEMM clearly outruns torch's BLAS (``csrc.onednn_float32_faster``;
+on an AMD EPYC ~410 GFLOP/s against ~160, which torch's flash kernel also runs at), a
+shared block is instead two oneDNN products with a native softmax between them, a chunk of
+queries at a time so that its scores stay in cache (5,952 queries x 1,024 keys: 1.6x the
+flash kernel), in float32 for bfloat16 too unless the CPU has AMX.
 """
 
 from __future__ import annotations
@@ -34,22 +34,26 @@ from radixserve.csrc import load_native, onednn_float32_faster, torch_has_bf16_i
 # flash kernel (31 prefills of 64 tokens under a 1,024-token prefix: 1.5x the native kernel
 # in float32, 2.7x in bfloat16).
 DENSE_MIN_QUERIES = 96
+# Torch's flash kernel is fast in bfloat16 on AMX tiles; with AVX512_BF16 alone (an AMD
+# EPYC) it ran 5,952 queries x 1,024 keys at 152 GFLOP/s, below float32's 163.
+AMX = torch_has_bf16_instructions(amx_only=True)
 # Queries x keys per KV head from which a request's own cached keys do: below it the
 # block's gather, copies and merge cost more than the flash kernel saves (even at 384 x
-# 1,024 in float32; at 192 x 1,024 it was 1.36x in bfloat16, where torch has bfloat16
-# instructions for it).
+# 1,024 in float32; at 192 x 1,024 it was 1.36x in bfloat16 on AMX).
 DENSE_MIN_WORK = {
     torch.float32: 1 << 19,
-    torch.bfloat16: 1 << 17 if torch_has_bf16_instructions() else 1 << 19,
+    torch.bfloat16: 1 << 17 if AMX else 1 << 19,
 }
 # New tokens from which an extend attends over itself in the flash kernel. Float32: the
 # native kernel's sixteen-query vectors (AVX-512) were faster up to 2,048 tokens (7.4 ms
 # against 10.1 a layer for 1,024), eight-query ones up to ~1,024 (1.4 ms against 2.0 for
-# 367). bfloat16: torch's kernel runs bfloat16 instructions where the CPU has them, and was
-# faster from 256 tokens (0.57 ms against 0.67; 1.5 against 2.1 for 512).
+# 367). bfloat16 on AMX: faster from 256 tokens (0.57 ms against 0.67; 1.5 against 2.1 for
+# 512); elsewhere as float32 (the native kernel widens bfloat16: a 1,088-token prompt's 30
+# layers took 0.26 s there against the flash kernel's 0.43 on an AMD EPYC).
+_FLOAT32_SELF = 2048 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 1024
 DENSE_SELF_MIN_TOKENS = {
-    torch.float32: 2048 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 1024,
-    torch.bfloat16: 256 if torch_has_bf16_instructions() else 1024,
+    torch.float32: _FLOAT32_SELF,
+    torch.bfloat16: 256 if AMX else _FLOAT32_SELF,
 }
 # A group of decode-like members stays a native cascade (the kernel reads the shared slots
 # once for them and their short suffixes in the same pass) from this many queries per KV
@@ -158,7 +162,7 @@ class Part:
 def run_shared(
     block: SharedBlock, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float
 ) -> Part:
-    if q.dtype == torch.float32 and onednn_float32_faster():
+    if onednn_float32_faster() and (q.dtype == torch.float32 or not AMX):
         return run_shared_gemm(block, q, k_pool, v_pool, scale)
     n, heads, dim = len(block.tokens), q.shape[1], q.shape[2]
     kv_heads = k_pool.shape[1]
@@ -177,20 +181,21 @@ def run_shared(
 def run_shared_gemm(
     block: SharedBlock, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float
 ) -> Part:
-    """``run_shared`` in float32 as oneDNN products and a native softmax per KV head."""
+    """``run_shared`` in float32 as oneDNN products and a native softmax per KV head
+    (bfloat16 q and K/V widened: oneDNN's bfloat16 products would round the scores)."""
     n, heads, dim = len(block.tokens), q.shape[1], q.shape[2]
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads
     rows = n * group
     # [kv_heads, n * group, dim]: a KV head's query heads side by side, scaled
-    qf = (q[block.tokens] * scale).view(n, kv_heads, group, dim).transpose(0, 1)
+    qf = (q[block.tokens].float() * scale).view(n, kv_heads, group, dim).transpose(0, 1)
     qf = qf.reshape(kv_heads, rows, dim)
     k, v = k_pool[block.slots], v_pool[block.slots]  # [keys, kv_heads, dim]
     out = torch.empty(kv_heads, rows, dim)
     lse = torch.empty(kv_heads, rows)
     softmax_rows = load_native().softmax_rows
     for h in range(kv_heads):
-        kh, vt = k[:, h].contiguous(), v[:, h].t().contiguous()
+        kh, vt = k[:, h].float().contiguous(), v[:, h].t().float().contiguous()
         for c in range(0, rows, GEMM_CHUNK):
             scores = _times_t(qf[h, c : c + GEMM_CHUNK], kh)  # [chunk, keys]
             lse[h, c : c + GEMM_CHUNK] = softmax_rows(scores)

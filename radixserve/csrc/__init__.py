@@ -57,16 +57,15 @@ def load_native(march: str = "native") -> ModuleType | None:
         return None
 
 
-def torch_has_bf16_instructions() -> bool:
+def torch_has_bf16_instructions(amx_only: bool = False) -> bool:
     """Whether torch's own bfloat16 kernels (GEMM, flash attention) run on bfloat16
-    instructions here (AVX512_BF16 or AMX); torch.cpu's probes are private, and a torch
-    without them is taken to lack the instructions."""
+    instructions here (AVX512_BF16 or AMX; with ``amx_only``, AMX's tiles, which torch's
+    flash kernel needs to be fast); torch.cpu's probes are private, and a torch without
+    them is taken to lack the instructions."""
     import torch
 
-    return any(
-        getattr(torch.cpu, probe, lambda: False)()
-        for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    )
+    probes = ["_is_amx_tile_supported"] + ([] if amx_only else ["_is_avx512_bf16_supported"])
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 # How much faster than torch's own float32 GEMM oneDNN's must run here for the engine to

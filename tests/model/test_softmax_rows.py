@@ -40,14 +40,17 @@ def test_softmax_rows_match_torch(march, rows, cols, spread, blind, seed):
 @pytest.mark.skipif(onednn_float32_gain() == 0, reason="torch has no oneDNN here")
 @pytest.mark.parametrize("tokens, keys", [(1, 1), (37, 300), (700, 1024)])
 @pytest.mark.parametrize("kv_heads, group", [(1, 1), (3, 3), (2, 4)])
-def test_a_shared_block_by_gemm_equals_the_flash_kernel(tokens, keys, kv_heads, group):
-    """Past GEMM_CHUNK query rows the block goes chunk by chunk."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_shared_block_by_gemm_equals_the_flash_kernel(tokens, keys, kv_heads, group, dtype):
+    """Past GEMM_CHUNK query rows the block goes chunk by chunk; bfloat16 is widened, so it
+    matches the flash kernel on the same values in float32."""
     rng = np.random.default_rng(tokens * keys)
     slots = torch.from_numpy(rng.permutation(4096)[:keys].astype(np.int64))
-    k_pool, v_pool = torch.randn(4096, kv_heads, 64), torch.randn(4096, kv_heads, 64)
-    q = torch.randn(tokens + 5, kv_heads * group, 64)
+    pools = [torch.randn(4096, kv_heads, 64).to(dtype).float() for _ in range(2)]
+    q = torch.randn(tokens + 5, kv_heads * group, 64).to(dtype).float()
     block = dense_blocks.SharedBlock(torch.arange(3, 3 + tokens), slots)
-    gemm = dense_blocks.run_shared_gemm(block, q, k_pool, v_pool, 0.125)
+    gemm = dense_blocks.run_shared_gemm(block, q.to(dtype), *(p.to(dtype) for p in pools), 0.125)
+    k_pool, v_pool = pools
     heads = kv_heads * group
     qf = q[block.tokens].transpose(0, 1)[None]  # [1, heads, tokens, 64]
     kf = k_pool[slots].transpose(0, 1).repeat_interleave(group, 0)[None]
