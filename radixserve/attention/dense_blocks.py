@@ -21,6 +21,7 @@ flash kernel), in float32 for bfloat16 too unless the CPU has AMX.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -51,10 +52,17 @@ DENSE_MIN_WORK = {
 # 512); elsewhere as float32 (the native kernel widens bfloat16: a 1,088-token prompt's 30
 # layers took 0.26 s there against the flash kernel's 0.43 on an AMD EPYC).
 _FLOAT32_SELF = 2048 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 1024
-DENSE_SELF_MIN_TOKENS = {
-    torch.float32: _FLOAT32_SELF,
-    torch.bfloat16: 256 if AMX else _FLOAT32_SELF,
-}
+
+
+def self_min_tokens(dtype: torch.dtype) -> float:
+    """New tokens from which an extend attends over itself in a dense block: never where
+    torch's BLAS is the slow GEMM (its flash kernel runs on it: a 2,048-token prompt's 30
+    layers took 1.28 s there against 0.7 natively on an AMD EPYC)."""
+    if dtype == torch.bfloat16 and AMX:
+        return 256
+    return math.inf if onednn_float32_faster() else _FLOAT32_SELF
+
+
 # A group of decode-like members stays a native cascade (the kernel reads the shared slots
 # once for them and their short suffixes in the same pass) from this many queries per KV
 # head; below it the members attend one by one.
@@ -135,7 +143,7 @@ def split_dense(
             own = kv_slots[kv_start[i] + keys_from[i] : kv_start[i] + prefix[i]]
             shared.append(_shared(np.arange(q_start[i], q_start[i] + ext[i]), own))
             keys_from[i] = prefix[i]
-        if ext[i] >= DENSE_SELF_MIN_TOKENS[dtype] and keys_from[i] == prefix[i]:
+        if ext[i] >= self_min_tokens(dtype) and keys_from[i] == prefix[i]:
             by_length[int(ext[i])].append(int(q_start[i]))
             keys_from[i] = seq[i]
     selfs = tuple(

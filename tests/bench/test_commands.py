@@ -1,4 +1,5 @@
 import json
+from datetime import date
 
 import numpy as np
 import pytest
@@ -151,7 +152,7 @@ def test_serving_workloads_are_seeded_and_know_their_optimal():
 
 def test_report_weaves_json_tables_into_the_notes(tmp_path):
     from radixserve.bench.docs_report import render
-    from radixserve.bench.report import write_json
+    from radixserve.bench.report import machine, write_json
 
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "lang.md").write_text("Before.\n\n<!-- table -->\n\nAfter.\n")
@@ -161,7 +162,7 @@ def test_report_weaves_json_tables_into_the_notes(tmp_path):
     lang = text[text.index("## DSL programs") :].split("\n## ")[0]
     assert "Before." in lang and "After." in lang
     assert "| few-shot | radix | 3 | 50.0% |" in lang
-    assert "(Measured " in lang
+    assert f"(Measured {date.today().isoformat()} on {machine()['cpu']}.)" in lang
     assert "not measured yet" in text  # sections without JSON say so
     assert "cores" in text.split("\n## ")[0]  # the machine is described up front
 

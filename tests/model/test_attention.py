@@ -14,6 +14,8 @@ from radixserve.attention import (
     ForwardBatch,
     NativeAttentionBackend,
     TorchAttentionBackend,
+    dense_blocks,
+    native_backend,
 )
 from radixserve.csrc import load_native, native_available
 from radixserve.memory.kv_pool import KVPool
@@ -83,13 +85,25 @@ def test_native_backend_matches_reference(march, lens, kv_heads, group, head_dim
         [(10, 1), (3, 1), (0, 1)],
         [(7, 1), (7, 1)],
         [(0, 1100)],
-        [(0, 2100)],  # past every dtype's threshold for attending over itself in a dense block
+        [(0, 2100)],  # past every threshold for attending over itself in a dense block
         [(1100, 200), (600, 300), (5, 1)],
     ],
     ids=["ragged", "even", "lone-prefill", "long-prefill", "long-extends"],
 )
 def test_decode_batches(lens, dtype, backend_cls):
     check_against_reference(lens, 3, 3, 16, dtype, 1, backend_cls, pool_slots=4096)
+
+
+@pytest.mark.skipif(not native_available(), reason="native kernels did not build")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_over_itself_in_a_dense_block(monkeypatch, dtype):
+    """Whether this CPU sends long prompts to torch's flash kernel or not, that path holds."""
+    monkeypatch.setattr(dense_blocks, "self_min_tokens", lambda dtype: 1024)
+    calls = []
+    run_self = native_backend.run_self
+    monkeypatch.setattr(native_backend, "run_self", lambda *a: calls.append(1) or run_self(*a))
+    check_against_reference([(0, 1100), (3, 1)], 3, 3, 16, dtype, 1, NativeAttentionBackend, 2048)
+    assert calls  # the block ran
 
 
 def check_against_reference(
