@@ -30,6 +30,7 @@ from radixserve.bench.report import (
 )
 from radixserve.bench.timing import medians, time_alternating
 from radixserve.memory import KVSlotAllocator
+from radixserve.memory.host_malloc import keep_freed_memory
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model.loader import LoadedModel
 from radixserve.model.presets import load_preset
@@ -185,6 +186,7 @@ def run_model_bench(
     cfg: ModelBenchConfig, on_step: Callable[[str], None] | None = None
 ) -> list[dict]:
     rng = np.random.default_rng(cfg.seed)
+    keep_freed_memory()  # as the engine does (process-wide, so transformers' side gains too)
     read_rate = BandwidthProbe().measure()
     rows = []
     for dtype_name in cfg.dtypes:
