@@ -12,7 +12,7 @@ leaves a softmax state per (token, head) and ``merge`` combines them by log-sum-
 Grouped query attention folds into the query axis where nothing is causal: the ``G`` query
 heads of a KV head are ``G`` more queries over the same keys.
 
-Where oneDNN's float32 GEMM clearly outruns torch's BLAS (``csrc.onednn_float32_faster``;
+Where oneDNN's float32 GEMM clearly outruns torch's BLAS (``csrc.onednn.float32_faster``;
 on an AMD EPYC ~410 GFLOP/s against ~160, which torch's flash kernel also runs at), a
 shared block is instead two oneDNN products with a native softmax between them, a chunk of
 queries at a time so that its scores stay in cache (5,952 queries x 1,024 keys: 1.6x the
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from radixserve.attention.attention_plan import PrefixGroup, check_group
-from radixserve.csrc import load_native, onednn_float32_faster, torch_has_bf16_instructions
+from radixserve.csrc import load_native, onednn, torch_has_bf16_instructions
 
 # Queries per KV head from which a group member's share of the group's path goes to the
 # flash kernel (31 prefills of 64 tokens under a 1,024-token prefix: 1.5x the native kernel
@@ -60,7 +60,7 @@ def self_min_tokens(dtype: torch.dtype) -> float:
     layers took 1.28 s there against 0.7 natively on an AMD EPYC)."""
     if dtype == torch.bfloat16 and AMX:
         return 256
-    return math.inf if onednn_float32_faster() else _FLOAT32_SELF
+    return math.inf if onednn.float32_faster() else _FLOAT32_SELF
 
 
 # A group of decode-like members stays a native cascade (the kernel reads the shared slots
@@ -170,7 +170,7 @@ class Part:
 def run_shared(
     block: SharedBlock, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float
 ) -> Part:
-    if onednn_float32_faster() and (q.dtype == torch.float32 or not AMX):
+    if onednn.float32_faster() and (q.dtype == torch.float32 or not AMX):
         return run_shared_gemm(block, q, k_pool, v_pool, scale)
     n, heads, dim = len(block.tokens), q.shape[1], q.shape[2]
     kv_heads = k_pool.shape[1]
@@ -205,17 +205,12 @@ def run_shared_gemm(
     for h in range(kv_heads):
         kh, vt = k[:, h].float().contiguous(), v[:, h].t().float().contiguous()
         for c in range(0, rows, GEMM_CHUNK):
-            scores = _times_t(qf[h, c : c + GEMM_CHUNK], kh)  # [chunk, keys]
+            scores = onednn.linear(qf[h, c : c + GEMM_CHUNK], kh)  # [chunk, keys]
             lse[h, c : c + GEMM_CHUNK] = softmax_rows(scores)
-            out[h, c : c + GEMM_CHUNK] = _times_t(scores, vt)
+            out[h, c : c + GEMM_CHUNK] = onednn.linear(scores, vt)
     out = out.view(kv_heads, n, group, dim).transpose(0, 1).reshape(n, heads, dim)
     lse = lse.view(kv_heads, n, group).transpose(0, 1).reshape(n, heads)
     return Part(block.tokens, out, lse)
-
-
-def _times_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b.T`` in oneDNN."""
-    return torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
 
 
 def run_self(

@@ -37,8 +37,9 @@ from radixserve.bench.report import (
 )
 from radixserve.bench.timing import medians, time_alternating
 from radixserve.bench.walk_bench import matcher_rows
-from radixserve.csrc import load_native
+from radixserve.csrc import load_native, onednn
 from radixserve.memory.kv_pool import KVPool
+from radixserve.model.linear import can_pack
 from radixserve.model.presets import preset_hf_config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -54,7 +55,7 @@ class KernelBenchConfig:
     cascade_batch: int = 32
     cascade_prefix: int = 2048
     cascade_suffix: int = 64
-    linear_rows: tuple[int, ...] = (1, 8, 16, 32)
+    linear_rows: tuple[int, ...] = (1, 8, 16, 24, 32, 48)
     linear_layers: int | None = None  # decoder layers' weights to run over (None: the model's)
     matcher_tree_tokens: int = 1_000_000
     matcher_hit: int = 4096
@@ -213,8 +214,9 @@ def linear_rows_bench(
     hf, dtype: torch.dtype, probe: BandwidthProbe, cfg: KernelBenchConfig, step
 ) -> list[dict]:
     """A decode step's projections (q, k, v, o, gate, up, down of every decoder layer) at a
-    few rows: torch's ``F.linear`` and the native kernel, alternately, against the time to
-    read the weights once at the probe's bandwidth."""
+    few rows: torch's ``F.linear``, the native kernel and, where the engine would pack the
+    weights, oneDNN on packed ones, alternately, against the time to read the weights once
+    at the probe's bandwidth."""
     h, inter = hf.hidden_size, hf.intermediate_size
     head_dim = getattr(hf, "head_dim", None) or h // hf.num_attention_heads
     q, kv = hf.num_attention_heads * head_dim, hf.num_key_value_heads * head_dim
@@ -224,6 +226,7 @@ def linear_rows_bench(
     weights = [torch.randn(o, i, generator=g).to(dtype) for _ in range(layers) for o, i in shapes]
     nbytes = sum(w.numel() for w in weights) * dtype.itemsize
     kernels = load_native()
+    packed = [onednn.pack(w) for w in weights] if can_pack(dtype) else None
     rows = []
     for n in cfg.linear_rows:
         inputs = {i: torch.randn(n, i, generator=g).to(dtype) for i in {h, q, inter}}
@@ -236,6 +239,10 @@ def linear_rows_bench(
             "native": over_layers(kernels.linear_rows),
             "read": probe.read,
         }
+        if packed is not None:
+            calls["onednn"] = lambda inputs=inputs: [
+                onednn.linear(inputs[w.shape[1]], p) for w, p in zip(weights, packed, strict=True)
+            ]
         times = _alternate(calls, cfg.reps)
         read_limit = nbytes / probe.bandwidth(times["read"])
         flops = 2 * n * nbytes / dtype.itemsize
@@ -246,6 +253,7 @@ def linear_rows_bench(
             "weight_mb": nbytes / 1e6,
             "torch_ms": times["torch"] * 1e3,
             "native_ms": times["native"] * 1e3,
+            "onednn_ms": times["onednn"] * 1e3 if "onednn" in times else None,
             "speedup": times["torch"] / times["native"],
             "gflop_s": flops / times["native"] / 1e9,
             "read_limit_ms": read_limit * 1e3,
@@ -283,8 +291,9 @@ TABLES = (
             Column("weight_mb", "weights MB", num(0), wide=True),
             Column("torch_ms", "F.linear ms", num(1)),
             Column("native_ms", "native ms", num(1)),
+            Column("onednn_ms", "oneDNN ms", num(1)),
             Column("speedup", "speedup", times),
-            Column("gflop_s", "GFLOP/s", num(1)),
+            Column("gflop_s", "GFLOP/s", num(1), wide=True),
             Column("read_limit_ms", "read limit ms", num(1), wide=True),
             Column("of_read_limit", "x read limit", num(2)),
         ),

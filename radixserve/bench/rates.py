@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from radixserve.bench.timing import medians, time_alternating
-from radixserve.model.linear import PACK_BATCH_HINT, can_pack
+from radixserve.csrc import onednn
+from radixserve.model.linear import can_pack
 
 
 def gemm_rate(dtype: torch.dtype, reps: int = 5) -> float:
@@ -20,10 +21,7 @@ def gemm_rate(dtype: torch.dtype, reps: int = 5) -> float:
     x, w = torch.randn(2048, 576, dtype=dtype), torch.randn(1536, 576, dtype=dtype)
     calls = {"blas": partial(torch.nn.functional.linear, x, w)}
     if can_pack(dtype):
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT)
-        calls["onednn"] = partial(
-            torch.ops.mkldnn._linear_pointwise, x, packed, None, "none", [], ""
-        )
+        calls["onednn"] = partial(onednn.linear, x, onednn.pack(w))
     seconds = min(medians(time_alternating(calls, reps)).values())
     return 2 * x.shape[0] * w.shape[0] * w.shape[1] / seconds
 

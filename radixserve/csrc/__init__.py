@@ -68,45 +68,6 @@ def torch_has_bf16_instructions(amx_only: bool = False) -> bool:
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
-# How much faster than torch's own float32 GEMM oneDNN's must run here for the engine to
-# use it (weights packed a second time, attention blocks as products): 2.3-2.6x on an AMD
-# EPYC, where torch's BLAS (MKL) took a slower path; alike on the Intel Xeons measured.
-ONEDNN_FLOAT32_MIN_GAIN = 1.5
-
-
-def onednn_float32_faster() -> bool:
-    """Whether torch's oneDNN multiplies float32 clearly faster than torch's BLAS here."""
-    return onednn_float32_gain() >= ONEDNN_FLOAT32_MIN_GAIN
-
-
-@functools.cache
-def onednn_float32_gain() -> float:
-    """torch's float32 GEMM time over oneDNN's on packed weights, for a prefill-sized product
-    (the better of three alternated runs each, once per process); 0 without oneDNN."""
-    import time
-
-    import torch
-    import torch.nn.functional as F
-
-    mkldnn = torch.ops.mkldnn
-    if not (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")):
-        return 0.0
-    x, w = torch.randn(512, 576), torch.randn(1536, 576)
-    packed = mkldnn._reorder_linear_weight(w, 32)
-    calls = (
-        lambda: F.linear(x, w),
-        lambda: mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
-    )
-    best = [float("inf"), float("inf")]
-    with torch.inference_mode():
-        for _ in range(4):  # the first round warms both up
-            for i, call in enumerate(calls):
-                start = time.perf_counter()
-                call()
-                best[i] = min(best[i], time.perf_counter() - start)
-    return best[0] / best[1]
-
-
 def native_available() -> bool:
     return load_native() is not None
 

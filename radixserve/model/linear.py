@@ -28,18 +28,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixserve.csrc import load_native, onednn_float32_faster, torch_has_bf16_instructions
+from radixserve.csrc import load_native, onednn, torch_has_bf16_instructions
 
 NATIVE_ROWS = 48
 NATIVE_BF16_ROWS = 8
 FEW_ROWS = 128
 BF16_GEMM = torch_has_bf16_instructions()
 # Rows from which a packed weight beats the native kernel on bench-135m's projections:
-# bfloat16 14.4 ms against 13.0 at 4 rows, 13.8 against 15.1 at 8; float32 (AMD EPYC) 21 ms
-# against 21 at 16 rows, 32 against 41 at 32.
+# bfloat16 14.4 ms against 13.0 at 4 rows, 13.8 against 15.1 at 8; float32 (AMD EPYC, bench
+# kernels) 26.4 against 23.9 at 16 rows, 32.0 against 34.2 at 24, 35.6 against 46.2 at 32.
 PACKED_MIN_ROWS = {torch.bfloat16: 5, torch.float32: 24}
-# The batch size oneDNN is told to expect when it lays the weights out: a decode step's.
-PACK_BATCH_HINT = 32
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -92,7 +90,7 @@ def packed_linear(
         and len(x) >= PACKED_MIN_ROWS[x.dtype]
         and not torch.is_grad_enabled()
     ):
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        return onednn.linear(x, packed, bias)
     return linear(x, weight, bias)
 
 
@@ -100,19 +98,17 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight`` in oneDNN's layout where ``can_pack`` its dtype on the CPU, else None."""
     if weight.device.type != "cpu" or not can_pack(weight.dtype):
         return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
+    return onednn.pack(weight)
 
 
 def can_pack(dtype: torch.dtype) -> bool:
     """Whether oneDNN here multiplies ``dtype`` faster than torch's plain GEMM: bfloat16 on
     bfloat16 instructions (AMX, AVX512_BF16), float32 where a probe finds it clearly ahead."""
-    if not (
-        torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    ):
+    if not onednn.available():
         return False
     if dtype == torch.bfloat16:
         return BF16_GEMM
-    return dtype == torch.float32 and onednn_float32_faster()
+    return dtype == torch.float32 and onednn.float32_faster()
 
 
 def pack_weights(model: nn.Module) -> int:

@@ -4,8 +4,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve import csrc
-from radixserve.csrc import load_native, native_available
+from radixserve.csrc import load_native, native_available, onednn
 from radixserve.model import linear as linear_module
 from radixserve.model.linear import FEW_ROWS, NATIVE_BF16_ROWS, NATIVE_ROWS, Linear, linear
 
@@ -134,7 +133,7 @@ def test_native_kernel_across_row_chunks(dtype):
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_packed_linear_gives_what_the_plain_one_gives(monkeypatch, dtype, rtol, atol, rows, bias):
     # float32 packs only where oneDNN outruns torch's BLAS; test its path wherever it exists
-    monkeypatch.setattr(csrc, "ONEDNN_FLOAT32_MIN_GAIN", 0.0)
+    monkeypatch.setattr(onednn, "FLOAT32_MIN_GAIN", 0.0)
     if not linear_module.can_pack(dtype):
         pytest.skip(f"torch's oneDNN cannot multiply {dtype} faster here")
     g = torch.Generator().manual_seed(rows)

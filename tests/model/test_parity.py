@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixserve import csrc
+from radixserve.csrc import onednn
 from radixserve.model import load_model
 
 from .conftest import ARCHS, save_hf_model
@@ -139,7 +139,7 @@ def test_weights_packed_for_onednn_give_the_same_logits(hf_models, monkeypatch, 
     from radixserve.model import linear
 
     # float32 packs only where oneDNN outruns torch's BLAS; test its path wherever it exists
-    monkeypatch.setattr(csrc, "ONEDNN_FLOAT32_MIN_GAIN", 0.0)
+    monkeypatch.setattr(onednn, "FLOAT32_MIN_GAIN", 0.0)
     if not linear.can_pack(torch.float32):
         pytest.skip("torch has no oneDNN here")
     hf, path = hf_models[arch]
