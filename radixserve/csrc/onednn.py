@@ -14,7 +14,8 @@ import torch.nn.functional as F
 PACK_BATCH_HINT = 32
 # How much faster than torch's own float32 GEMM oneDNN's must run here for the engine to
 # use it (weights packed a second time, attention blocks as products): 2.3-2.6x on an AMD
-# EPYC, where torch's BLAS (MKL) took a slower path; alike on the Intel Xeons measured.
+# EPYC, where torch's BLAS (MKL) took a slower path; on an Intel Xeon oneDNN's packed float32
+# measured alike at decode sizes (its prefill sizes unmeasured there: the probe decides).
 FLOAT32_MIN_GAIN = 1.5
 
 
