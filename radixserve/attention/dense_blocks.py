@@ -198,12 +198,13 @@ def run_shared_gemm(
     # [kv_heads, n * group, dim]: a KV head's query heads side by side, scaled
     qf = (q[block.tokens].float() * scale).view(n, kv_heads, group, dim).transpose(0, 1)
     qf = qf.reshape(kv_heads, rows, dim)
-    k, v = k_pool[block.slots], v_pool[block.slots]  # [keys, kv_heads, dim]
     out = torch.empty(kv_heads, rows, dim)
     lse = torch.empty(kv_heads, rows)
     softmax_rows = load_native().softmax_rows
     for h in range(kv_heads):
-        kh, vt = k[:, h].float().contiguous(), v[:, h].t().float().contiguous()
+        # one KV head's keys [keys, dim] and values [dim, keys], gathered once
+        kh = k_pool[block.slots, h].float()
+        vt = v_pool[block.slots, h].t().float().contiguous()
         for c in range(0, rows, GEMM_CHUNK):
             scores = onednn.linear(qf[h, c : c + GEMM_CHUNK], kh)  # [chunk, keys]
             lse[h, c : c + GEMM_CHUNK] = softmax_rows(scores)
