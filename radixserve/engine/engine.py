@@ -23,6 +23,7 @@ from radixserve.engine.chat_format import ChatFormat, render_chat
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.constrained import ConstrainedDecoding
 from radixserve.engine.grammar import GrammarCompiler
+from radixserve.engine.inbox import Inbox
 from radixserve.engine.intake import RequestFactory
 from radixserve.engine.logprobs import record_logprobs
 from radixserve.engine.metrics import EngineMetrics, routing_snapshot
@@ -50,7 +51,7 @@ class Engine:
         # the model built on the caller's thread.
         built: Future = Future()
         self._ready = threading.Event()
-        self._stopping = False
+        self._inbox = Inbox()
         self._thread = threading.Thread(
             target=self._run, args=(built,), name="radixserve-scheduler", daemon=True
         )
@@ -59,7 +60,7 @@ class Engine:
         try:
             self._setup()
         except BaseException:  # the thread stops instead of waiting for a loop to run
-            self._stopping = True
+            self._inbox.close()
             raise
         finally:
             self._ready.set()
@@ -101,8 +102,6 @@ class Engine:
         self.recorder = None
         if config.record_trace is not None:
             self.recorder = TraceRecorder(config.record_trace, config.page_size)
-        self._cond = threading.Condition()
-        self._inbox: list[Callable[[], None]] = []
         self._reqs: dict[str, Req] = {}
         self._listeners: dict[str, Listener] = {}
 
@@ -148,7 +147,7 @@ class Engine:
         iterator early aborts what is unfinished."""
         reqs, _ = self.requests.make(prompt, sampling_params, input_ids, namespace, rid)
         prepare = functools.partial(self.grammars.bind_async, reqs)
-        return stream_outputs(reqs, self._submit, self.abort, lambda: self._stopping, prepare)
+        return stream_outputs(reqs, self._submit, self.abort, lambda: self._inbox.closed, prepare)
 
     async def check_grammar(self, sampling_params: SamplingParams) -> None:
         """Compile the grammar of ``sampling_params`` (kept for the requests that use it);
@@ -173,7 +172,7 @@ class Engine:
                 self.scheduler.abort(req)
                 self._finish(req)
 
-        self._post(command)
+        self._inbox.post(command)
 
     def flush_cache(self) -> bool:
         """Drop everything cached; refused (False) while requests are running."""
@@ -185,7 +184,7 @@ class Engine:
             self.metrics.lookup_s.clear()
             return True
 
-        return self._on_loop(flush)
+        return self._inbox.call(flush)
 
     def cache_stats(self) -> dict:
         """Prefix-cache and serving metrics, read on the scheduler thread."""
@@ -196,26 +195,24 @@ class Engine:
                 out |= self.tier.snapshot()
             return out
 
-        return self._on_loop(stats)
+        return self._inbox.call(stats)
 
     def routing_stats(self, max_keys: int = 8192) -> dict:
         """What a router across replicas weighs: a digest of the tree (``cache.digest``; no
         keys without a radix cache) and the work queued, in tokens and requests."""
 
         fingerprint = self.config.routing_fingerprint
-        return self._on_loop(
+        return self._inbox.call(
             lambda: routing_snapshot(self.cache, self.scheduler, fingerprint, max_keys)
         )
 
     def check_invariants(self) -> None:
         """Audit the cache and slot accounting (from any thread; waits for the loop)."""
-        self._on_loop(lambda: self.cache.check_invariants(self.scheduler.slots_held))
+        self._inbox.call(lambda: self.cache.check_invariants(self.scheduler.slots_held))
 
     def shutdown(self) -> None:
         """Abort what is in flight and stop the scheduler thread; safe to call twice."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
+        self._inbox.close()
         self._thread.join()
         self.grammars.close()
         self.constrained.close()
@@ -247,28 +244,8 @@ class Engine:
             self._listeners[req.rid] = on_update
             self.scheduler.add(req)
 
-        self._post(command)
+        self._inbox.post(command)
         return future
-
-    def _post(self, command: Callable[[], None]) -> None:
-        with self._cond:
-            if self._stopping:
-                raise RuntimeError("the engine is shut down")
-            self._inbox.append(command)
-            self._cond.notify()
-
-    def _on_loop(self, fn: Callable[[], object]):
-        """Run ``fn`` on the scheduler thread between steps and return its result."""
-        done: Future = Future()
-
-        def command() -> None:
-            try:
-                done.set_result(fn())
-            except Exception as exc:  # handed to the caller
-                done.set_exception(exc)
-
-        self._post(command)
-        return done.result()
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -279,17 +256,11 @@ class Engine:
             built.set_exception(exc)
             return
         self._ready.wait()
-        if not self._stopping:
+        if not self._inbox.closed:
             self._loop()
 
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._inbox and not self.scheduler.has_work and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    break
-                commands, self._inbox = self._inbox, []
+        while (commands := self._inbox.take(lambda: self.scheduler.has_work)) is not None:
             try:
                 for command in commands:
                     command()
