@@ -25,6 +25,7 @@ SOURCES = (
     "linear_rows.cpp",
     "merge_states.cpp",
     "paged_attention.cpp",
+    "panel_linear.cpp",
     "prefix_match.cpp",
     "softmax_rows.cpp",
 )

@@ -4,6 +4,7 @@
 #include "elementwise.h"
 #include "linear_rows.h"
 #include "merge_states.h"
+#include "panel_linear.h"
 #include "paged_attention.h"
 #include "softmax_rows.h"
 
@@ -122,6 +123,34 @@ torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
   return y;
 }
 
+// w [out, in] float32 -> its panels [ceil(out / width), in, width] (panel_linear.h).
+torch::Tensor pack_panels(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.device().is_cpu(),
+              "w must be a float32 CPU [out, in] tensor");
+  w = w.contiguous();
+  const int64_t width = radixserve::panel_width();
+  auto panels = torch::empty({(w.size(0) + width - 1) / width, w.size(1), width}, w.options());
+  radixserve::pack_panels(w.data_ptr<float>(), w.size(0), w.size(1), panels.data_ptr<float>());
+  return panels;
+}
+
+// x [rows, in] @ W^T for W [out, in] packed by pack_panels (of this build: its width).
+torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t out) {
+  const int64_t width = radixserve::panel_width();
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
+              "x must be a float32 CPU [rows, in] tensor");
+  TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == torch::kFloat32 &&
+                  panels.is_contiguous() && panels.size(1) == x.size(1) &&
+                  panels.size(2) == width && panels.size(0) == (out + width - 1) / width,
+              "panels must come from pack_panels for a weight of ", out, " x ", x.size(1));
+  x = x.contiguous();
+  auto y = torch::empty({x.size(0), out}, x.options());
+  pybind11::gil_scoped_release no_gil;
+  radixserve::panel_linear(x.data_ptr<float>(), x.size(0), x.size(1), panels.data_ptr<float>(),
+                           out, y.data_ptr<float>());
+  return y;
+}
+
 void check_rows(const torch::Tensor& t, const char* name, c10::ScalarType dtype) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype, name, " must be a CPU tensor of ",
               dtype);
@@ -230,6 +259,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "Paged attention over the KV pool by plan");
   m.def("merge_states", &merge_states, "softmax states of attention parts merged by lse");
   m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x, float32 out");
+  m.def("pack_panels", &pack_panels, "a float32 weight packed for panel_linear");
+  m.def("panel_linear", &panel_linear, "x @ w.T on w's panels, for a few dozen rows");
   m.def("add_rms_norm", &add_rms_norm, "residual += x (if given), then weight * rms_norm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("rope_inplace", &rope_inplace, "rotary embedding applied in place");

@@ -19,10 +19,16 @@ weight-first, ``(W @ x.T).T``, which MKL ran 1.5-2x faster than ``x @ W.T`` here
 Which library multiplies fastest depends on the CPU, not only on its instructions: on an
 AMD EPYC with AVX-512, torch's float32 GEMM (MKL) ran bench-135m's projections at 155-180
 GFLOP/s where oneDNN on packed weights ran ~410, so a ``Linear`` may hold its weight again
-in oneDNN's layout (``pack_weights``) for the batches where that is the faster path.
+in oneDNN's layout (``pack_weights``) for the batches where that is the faster path. At a
+decode step's few dozen rows both that and the native kernel above ran at 150-200 GFLOP/s
+there, a third of the machine's rate; a float32 weight packed into column panels
+(``csrc/panel_linear.cpp``) ran the projections at 20 rows in 15-17 ms against 24-27 (both)
+and at 32 rows in 22-26 against 31-35 (oneDNN), so up to ``PANEL_MAX_ROWS`` rows take it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +44,8 @@ BF16_GEMM = torch_has_bf16_instructions()
 # bfloat16 14.4 ms against 13.0 at 4 rows, 13.8 against 15.1 at 8; float32 (AMD EPYC, bench
 # kernels) 26.4 against 23.9 at 16 rows, 32.0 against 34.2 at 24, 35.6 against 46.2 at 32.
 PACKED_MIN_ROWS = {torch.bfloat16: 5, torch.float32: 24}
+# Rows up to which float32 panels beat oneDNN's packed GEMM (bench kernels, AMD EPYC).
+PANEL_MAX_ROWS = 64
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -65,11 +73,27 @@ def _native_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and len(x) <= NATIVE_ROWS
 
 
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight again in the layouts its faster paths read (``pack``): the native kernel's
+    column panels (float32; ``csrc/panel_linear.cpp``) for up to ``PANEL_MAX_ROWS`` rows, and
+    oneDNN's blocked layout where its GEMM outruns torch's for more; None where absent."""
+
+    panels: torch.Tensor | None
+    onednn: torch.Tensor | None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            t.numel() * t.element_size() for t in (self.panels, self.onednn) if t is not None
+        )
+
+
 class Linear(nn.Linear):
     """Same parameters and names as ``nn.Linear``, so checkpoints load unchanged. ``packed``:
-    the weight again in oneDNN's blocked layout (``pack_weights``), or None."""
+    the weight again in its fast paths' layouts (``pack_weights``), or None."""
 
-    packed: torch.Tensor | None = None
+    packed: PackedWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return packed_linear(x, self.weight, self.packed, self.bias)
@@ -78,27 +102,34 @@ class Linear(nn.Linear):
 def packed_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
-    packed: torch.Tensor | None,
+    packed: PackedWeight | None,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``linear(x, weight, bias)``, on ``packed`` (``weight`` in oneDNN's layout, or None)
-    for the row counts where oneDNN is the faster path."""
-    if (
-        packed is not None
-        and x.dim() == 2
-        and x.dtype == weight.dtype
-        and len(x) >= PACKED_MIN_ROWS[x.dtype]
-        and not torch.is_grad_enabled()
-    ):
-        return onednn.linear(x, packed, bias)
+    """``linear(x, weight, bias)``, on a layout of ``packed`` for the row counts where that
+    is the faster path."""
+    if packed is None or x.dim() != 2 or x.dtype != weight.dtype or torch.is_grad_enabled():
+        return linear(x, weight, bias)
+    if packed.panels is not None and len(x) <= PANEL_MAX_ROWS:
+        out = load_native().panel_linear(x, packed.panels, weight.shape[0])
+        return out if bias is None else out.add_(bias)
+    if packed.onednn is not None and len(x) >= PACKED_MIN_ROWS[x.dtype]:
+        return onednn.linear(x, packed.onednn, bias)
     return linear(x, weight, bias)
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """``weight`` in oneDNN's layout where ``can_pack`` its dtype on the CPU, else None."""
-    if weight.device.type != "cpu" or not can_pack(weight.dtype):
+def pack(weight: torch.Tensor) -> PackedWeight | None:
+    """``weight`` in the layouts of its faster paths on this CPU, or None where it has none:
+    panels for float32 where the native kernels build, oneDNN's where ``can_pack``."""
+    if weight.device.type != "cpu":
         return None
-    return onednn.pack(weight)
+    kernels = load_native()
+    panels = None
+    if weight.dtype == torch.float32 and kernels is not None:
+        panels = kernels.pack_panels(weight.detach())
+    blocked = onednn.pack(weight) if can_pack(weight.dtype) else None
+    if panels is None and blocked is None:
+        return None
+    return PackedWeight(panels, blocked)
 
 
 def can_pack(dtype: torch.dtype) -> bool:
@@ -112,8 +143,8 @@ def can_pack(dtype: torch.dtype) -> bool:
 
 
 def pack_weights(model: nn.Module) -> int:
-    """Give every CPU ``Linear`` of ``model`` whose dtype ``can_pack`` a copy of its weight
-    laid out for oneDNN; returns the bytes that adds (a second copy of those weights).
+    """Give every CPU ``Linear`` of ``model`` its weight again in its faster paths' layouts
+    (``pack``); returns the bytes that adds (up to two more copies of those weights).
 
     bfloat16 on a CPU with AMX: bench-135m's projections ran 1.3-1.9x faster packed than
     through ``F.linear`` from 8 to 256 rows and 1.18x at 2,048, with the same results."""
@@ -121,5 +152,5 @@ def pack_weights(model: nn.Module) -> int:
     for m in model.modules():
         if isinstance(m, Linear) and (packed := pack(m.weight)) is not None:
             m.packed = packed
-            added += m.weight.numel() * m.weight.element_size()
+            added += packed.nbytes
     return added

@@ -15,7 +15,7 @@ from torch import nn
 from radixserve.attention import AttentionBackend, ForwardBatch
 from radixserve.model.config import ModelConfig
 from radixserve.model.fused import rms_norm, rope_, silu_mul
-from radixserve.model.linear import Linear, pack, pack_weights, packed_linear
+from radixserve.model.linear import Linear, PackedWeight, pack, pack_weights, packed_linear
 from radixserve.model.rope import RotaryEmbedding
 
 
@@ -125,16 +125,16 @@ class LlamaForCausalLM(nn.Module):
         with torch.device("cpu"):  # real frequencies even when the model is built on "meta"
             self.rotary = RotaryEmbedding(hf_config, cfg.head_dim)
 
-    # the output weight again in oneDNN's layout (``pack``); a tied one is no ``Linear``
-    output_packed: torch.Tensor | None = None
+    # the output weight again in its fast paths' layouts (``pack``); a tied one is no ``Linear``
+    output_packed: PackedWeight | None = None
 
     def pack_weights(self) -> int:
-        """Pack every projection and the output weight where oneDNN multiplies faster
+        """Pack every projection and the output weight for their faster paths
         (``linear.pack_weights``); returns the bytes that adds."""
         added = pack_weights(self)
         if self.config.tie_word_embeddings and (packed := pack(self.output_weight)) is not None:
             self.output_packed = packed
-            added += packed.numel() * packed.element_size()
+            added += packed.nbytes
         return added
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,15 @@ from hypothesis import strategies as st
 
 from radixserve.csrc import load_native, native_available, onednn
 from radixserve.model import linear as linear_module
-from radixserve.model.linear import FEW_ROWS, NATIVE_BF16_ROWS, NATIVE_ROWS, Linear, linear
+from radixserve.model.linear import (
+    FEW_ROWS,
+    NATIVE_BF16_ROWS,
+    NATIVE_ROWS,
+    PANEL_MAX_ROWS,
+    Linear,
+    linear,
+    packed_linear,
+)
 
 from .builds import TARGETS
 
@@ -147,6 +155,62 @@ def test_a_packed_linear_gives_what_the_plain_one_gives(monkeypatch, dtype, rtol
         plain = layer(x)
         added = linear_module.pack_weights(layer)
         packed = layer(x)
-    assert added == 160 * 96 * dtype.itemsize and layer.packed is not None
+    assert layer.packed is not None and added == layer.packed.nbytes >= 160 * 96 * dtype.itemsize
     assert "packed" not in layer.state_dict()  # checkpoints and twins see the plain weight
     torch.testing.assert_close(packed.float(), plain.float(), rtol=rtol, atol=atol)
+
+
+@needs_native
+@pytest.mark.parametrize("march", TARGETS)
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, PANEL_MAX_ROWS + 3),
+    n_in=st.integers(1, 80),
+    n_out=st.integers(1, 120),
+    seed=st.integers(0, 2**16),
+)
+def test_panel_kernel_equals_torch(march, rows, n_in, n_out, seed):
+    """Every remainder: rows not a multiple of the tile, outputs not of the panel width."""
+    kernels = load_native(march)
+    assert kernels is not None, f"the native kernels did not build for {march}"
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in, generator=g)
+    w = torch.randn(n_out, n_in, generator=g)
+    got = kernels.panel_linear(x, kernels.pack_panels(w), n_out)
+    assert got.dtype == torch.float32 and got.shape == (rows, n_out)
+    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+@needs_native
+def test_panels_refuse_a_weight_of_another_shape():
+    kernels = load_native()
+    panels = kernels.pack_panels(torch.randn(50, 16))
+    with pytest.raises(RuntimeError, match="pack_panels"):
+        kernels.panel_linear(torch.randn(2, 16), panels, 200)
+    with pytest.raises(RuntimeError, match="pack_panels"):
+        kernels.panel_linear(torch.randn(2, 17), panels, 50)
+
+
+@needs_native
+def test_float32_decode_rows_take_the_panels(monkeypatch):
+    """Up to PANEL_MAX_ROWS rows on the panels, more on oneDNN's layout where it is packed."""
+    monkeypatch.setattr(onednn, "FLOAT32_MIN_GAIN", 0.0)
+    layer = Linear(32, 40)
+    with torch.inference_mode():
+        linear_module.pack_weights(layer)
+    assert layer.packed is not None and layer.packed.panels is not None
+    calls = []
+    real = load_native()
+
+    class Spy:
+        def panel_linear(self, x, panels, out):
+            calls.append(len(x))
+            return real.panel_linear(x, panels, out)
+
+    monkeypatch.setattr(linear_module, "load_native", lambda: Spy())
+    with torch.inference_mode():
+        for rows in (1, PANEL_MAX_ROWS, PANEL_MAX_ROWS + 1):
+            x = torch.randn(rows, 32)
+            out = packed_linear(x, layer.weight, layer.packed, layer.bias)
+            torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
+    assert calls == [1, PANEL_MAX_ROWS]

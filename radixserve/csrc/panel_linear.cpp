@@ -1,0 +1,133 @@
+// A few dozen rows times a weight packed into column panels: see panel_linear.h for layouts.
+//
+// A decode step multiplies 1-64 rows by every weight matrix. Read in the checkpoint's layout
+// (linear_rows.cpp) each weight row is a dot product per input row, and the kernel spends its
+// loads on the inputs; packed, one panel holds `width` output columns for every input
+// position, so each step of the loop loads a few weight vectors once and multiplies them into
+// a tile of rows x width accumulators, an input broadcast at a time (an outer product, as
+// GEMM libraries do). Each panel is one contiguous stream: the first row tile pulls it from
+// memory, later tiles find it in L2, and meanwhile the next panel is prefetched so the memory
+// stream does not wait for the arithmetic.
+#include "panel_linear.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace radixserve {
+namespace {
+
+#if defined(__AVX512F__)
+// 32 vector registers: a tile of 8 rows x 3 vectors is 24 accumulators, 3 weight vectors
+// and a broadcast input.
+typedef float Vec __attribute__((vector_size(64)));
+typedef float VecU __attribute__((vector_size(64), aligned(4), may_alias));
+constexpr int kLanes = 16;
+constexpr int kRowsMax = 8;
+#else
+// 16 registers: 4 rows x 3 vectors, 3 weight vectors and the broadcast.
+typedef float Vec __attribute__((vector_size(32)));
+typedef float VecU __attribute__((vector_size(32), aligned(4), may_alias));
+constexpr int kLanes = 8;
+constexpr int kRowsMax = 4;
+#endif
+constexpr int kVecs = 3;
+constexpr int64_t kWidth = kVecs * kLanes;
+constexpr int64_t kLine = 64;
+
+inline Vec loadv(const float* p) { return *reinterpret_cast<const VecU*>(p); }
+inline void storev(float* p, Vec v) { *reinterpret_cast<VecU*>(p) = v; }
+
+// The next panel, handed to the prefetcher `per` lines every `every` loop steps.
+struct Prefetch {
+  const char* next;
+  const char* end;
+  int64_t every;
+  int64_t per;
+
+  void step(int64_t k) {
+    if (k % every != 0) return;
+    for (int64_t l = 0; l < per && next < end; ++l, next += kLine) __builtin_prefetch(next, 0, 2);
+  }
+};
+
+// y[r][c] = sum_k x[r][k] * panel[k][c] for R rows and the panel's first `cols` columns.
+template <int R>
+void tile(const float* x, int64_t in, const float* p, float* y, int64_t out, int64_t cols,
+          Prefetch& pf) {
+  Vec acc[R][kVecs] = {};
+  for (int64_t k = 0; k < in; ++k) {
+    pf.step(k);
+    Vec w[kVecs];
+    for (int v = 0; v < kVecs; ++v) w[v] = loadv(p + k * kWidth + v * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const Vec xb = Vec{} + x[r * in + k];
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += w[v] * xb;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (cols == kWidth) {
+      for (int v = 0; v < kVecs; ++v) storev(y + r * out + v * kLanes, acc[r][v]);
+    } else {  // the last panel's padding columns are not the output's
+      alignas(64) float row[kWidth];
+      for (int v = 0; v < kVecs; ++v) storev(row + v * kLanes, acc[r][v]);
+      std::memcpy(y + r * out, row, cols * sizeof(float));
+    }
+  }
+}
+
+// The tile of exactly `rows` (1..R) rows.
+template <int R>
+void tile_of(int64_t rows, const float* x, int64_t in, const float* p, float* y, int64_t out,
+             int64_t cols, Prefetch& pf) {
+  if (rows == R) {
+    tile<R>(x, in, p, y, out, cols, pf);
+  } else if constexpr (R > 1) {
+    tile_of<R - 1>(rows, x, in, p, y, out, cols, pf);
+  }
+}
+
+}  // namespace
+
+int64_t panel_width() { return kWidth; }
+
+void pack_panels(const float* w, int64_t out, int64_t in, float* panels) {
+  const int64_t n_panels = (out + kWidth - 1) / kWidth;
+  at::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      float* dst = panels + j * in * kWidth;
+      for (int64_t c = 0; c < kWidth; ++c) {
+        const int64_t n = j * kWidth + c;
+        for (int64_t k = 0; k < in; ++k) dst[k * kWidth + c] = n < out ? w[n * in + k] : 0.0f;
+      }
+    }
+  });
+}
+
+void panel_linear(const float* x, int64_t rows, int64_t in, const float* panels, int64_t out,
+                  float* y) {
+  if (rows == 0 || out == 0) return;
+  const int64_t n_panels = (out + kWidth - 1) / kWidth;
+  const int64_t panel_floats = in * kWidth;
+  // Row tiles of near-equal height (at most kRowsMax): 20 rows are 7 + 7 + 6, not 8 + 8 + 4.
+  const int64_t tiles = (rows + kRowsMax - 1) / kRowsMax;
+  const int64_t steps = tiles * in;
+  const int64_t lines = std::max<int64_t>(1, panel_floats * int64_t(sizeof(float)) / kLine);
+  const int64_t every = std::max<int64_t>(1, steps / lines);
+  const int64_t per = (lines + steps - 1) / steps;
+  at::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const float* p = panels + j * panel_floats;
+      const char* next = reinterpret_cast<const char*>(p + panel_floats);
+      Prefetch pf{next, j + 1 < end ? next + panel_floats * sizeof(float) : next, every, per};
+      const int64_t cols = std::min(kWidth, out - j * kWidth);
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t r0 = t * rows / tiles, r1 = (t + 1) * rows / tiles;
+        tile_of<kRowsMax>(r1 - r0, x + r0 * in, in, p, y + r0 * out + j * kWidth, out, cols, pf);
+      }
+    }
+  });
+}
+
+}  // namespace radixserve
