@@ -55,7 +55,7 @@ class KernelBenchConfig:
     cascade_batch: int = 32
     cascade_prefix: int = 2048
     cascade_suffix: int = 64
-    linear_rows: tuple[int, ...] = (1, 8, 16, 24, 32, 48)
+    linear_rows: tuple[int, ...] = (1, 8, 16, 24, 32, 48, 64)
     linear_layers: int | None = None  # decoder layers' weights to run over (None: the model's)
     matcher_tree_tokens: int = 1_000_000
     matcher_hit: int = 4096
@@ -214,9 +214,10 @@ def linear_rows_bench(
     hf, dtype: torch.dtype, probe: BandwidthProbe, cfg: KernelBenchConfig, step
 ) -> list[dict]:
     """A decode step's projections (q, k, v, o, gate, up, down of every decoder layer) at a
-    few rows: torch's ``F.linear``, the native kernel and, where the engine would pack the
-    weights, oneDNN on packed ones, alternately, against the time to read the weights once
-    at the probe's bandwidth."""
+    few rows: torch's ``F.linear``, the native kernel on the plain weights, the native kernel
+    on column panels (float32) and, where the engine would pack the weights, oneDNN on packed
+    ones, alternately; the fastest of the non-torch paths against torch and against the time
+    to read the weights once at the probe's bandwidth."""
     h, inter = hf.hidden_size, hf.intermediate_size
     head_dim = getattr(hf, "head_dim", None) or h // hf.num_attention_heads
     q, kv = hf.num_attention_heads * head_dim, hf.num_key_value_heads * head_dim
@@ -227,6 +228,7 @@ def linear_rows_bench(
     nbytes = sum(w.numel() for w in weights) * dtype.itemsize
     kernels = load_native()
     packed = [onednn.pack(w) for w in weights] if can_pack(dtype) else None
+    panels = [kernels.pack_panels(w) for w in weights] if dtype == torch.float32 else None
     rows = []
     for n in cfg.linear_rows:
         inputs = {i: torch.randn(n, i, generator=g).to(dtype) for i in {h, q, inter}}
@@ -243,9 +245,15 @@ def linear_rows_bench(
             calls["onednn"] = lambda inputs=inputs: [
                 onednn.linear(inputs[w.shape[1]], p) for w, p in zip(weights, packed, strict=True)
             ]
+        if panels is not None:
+            calls["panels"] = lambda inputs=inputs: [
+                kernels.panel_linear(inputs[w.shape[1]], p, w.shape[0])
+                for w, p in zip(weights, panels, strict=True)
+            ]
         times = _alternate(calls, cfg.reps)
         read_limit = nbytes / probe.bandwidth(times["read"])
         flops = 2 * n * nbytes / dtype.itemsize
+        best = min(t for name, t in times.items() if name not in ("torch", "read"))
         row = {
             "kernel": "linear",
             "dtype": str(dtype).removeprefix("torch."),
@@ -254,10 +262,11 @@ def linear_rows_bench(
             "torch_ms": times["torch"] * 1e3,
             "native_ms": times["native"] * 1e3,
             "onednn_ms": times["onednn"] * 1e3 if "onednn" in times else None,
-            "speedup": times["torch"] / times["native"],
-            "gflop_s": flops / times["native"] / 1e9,
+            "panels_ms": times["panels"] * 1e3 if "panels" in times else None,
+            "speedup": times["torch"] / best,
+            "gflop_s": flops / best / 1e9,
             "read_limit_ms": read_limit * 1e3,
-            "of_read_limit": times["native"] / read_limit,
+            "of_read_limit": best / read_limit,
             "read_gb_s": probe.bandwidth(times["read"]) / 1e9,
         }
         rows.append(row)
@@ -290,8 +299,9 @@ TABLES = (
             Column("case", "case"),
             Column("weight_mb", "weights MB", num(0), wide=True),
             Column("torch_ms", "F.linear ms", num(1)),
-            Column("native_ms", "native ms", num(1)),
+            Column("native_ms", "native ms", num(1), wide=True),
             Column("onednn_ms", "oneDNN ms", num(1)),
+            Column("panels_ms", "panels ms", num(1)),
             Column("speedup", "speedup", times),
             Column("gflop_s", "GFLOP/s", num(1), wide=True),
             Column("read_limit_ms", "read limit ms", num(1), wide=True),
