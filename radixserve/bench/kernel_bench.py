@@ -228,7 +228,8 @@ def linear_rows_bench(
     nbytes = sum(w.numel() for w in weights) * dtype.itemsize
     kernels = load_native()
     packed = [onednn.pack(w) for w in weights] if can_pack(dtype) else None
-    panels = [kernels.pack_panels(w) for w in weights] if dtype == torch.float32 else None
+    has_panels = dtype == torch.float32 or (dtype == torch.bfloat16 and kernels.bf16_panels())
+    panels = [kernels.pack_panels(w) for w in weights] if has_panels else None
     rows = []
     for n in cfg.linear_rows:
         inputs = {i: torch.randn(n, i, generator=g).to(dtype) for i in {h, q, inter}}

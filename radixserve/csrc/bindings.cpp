@@ -123,31 +123,56 @@ torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
   return y;
 }
 
-// w [out, in] float32 -> its panels [ceil(out / width), in, width] (panel_linear.h).
+// w [out, in] -> its panels (panel_linear.h): float32, or bfloat16 where bf16_panels().
 torch::Tensor pack_panels(torch::Tensor w) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.device().is_cpu(),
-              "w must be a float32 CPU [out, in] tensor");
-  w = w.contiguous();
+  TORCH_CHECK(w.dim() == 2 && w.device().is_cpu(), "w must be a CPU [out, in] tensor");
   const int64_t width = radixserve::panel_width();
-  auto panels = torch::empty({(w.size(0) + width - 1) / width, w.size(1), width}, w.options());
-  radixserve::pack_panels(w.data_ptr<float>(), w.size(0), w.size(1), panels.data_ptr<float>());
+  const int64_t n_panels = (w.size(0) + width - 1) / width;
+  w = w.contiguous();
+  if (w.scalar_type() == torch::kFloat32) {
+    auto panels = torch::empty({n_panels, w.size(1), width}, w.options());
+    radixserve::pack_panels(w.data_ptr<float>(), w.size(0), w.size(1), panels.data_ptr<float>());
+    return panels;
+  }
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && radixserve::bf16_panels(),
+              "panels hold float32 weights, and bfloat16 ones where the CPU has AVX512_BF16; "
+              "not ", w.scalar_type(), " here");
+#if defined(__AVX512BF16__)
+  auto panels = torch::empty({n_panels, (w.size(1) + 1) / 2, width, 2}, w.options());
+  radixserve::pack_panels(reinterpret_cast<const uint16_t*>(w.data_ptr()), w.size(0), w.size(1),
+                          reinterpret_cast<uint16_t*>(panels.data_ptr()));
   return panels;
+#else
+  return torch::Tensor();
+#endif
 }
 
-// x [rows, in] @ W^T for W [out, in] packed by pack_panels (of this build: its width).
+// x [rows, in] @ W^T for W [out, in] packed by pack_panels, in x's dtype.
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, int64_t out) {
   const int64_t width = radixserve::panel_width();
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
-              "x must be a float32 CPU [rows, in] tensor");
-  TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == torch::kFloat32 &&
-                  panels.is_contiguous() && panels.size(1) == x.size(1) &&
-                  panels.size(2) == width && panels.size(0) == (out + width - 1) / width,
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && x.scalar_type() == panels.scalar_type() &&
+                  (bf16 || x.scalar_type() == torch::kFloat32),
+              "x must be a CPU [rows, in] tensor of the panels' dtype");
+  const int64_t depth = bf16 ? (x.size(1) + 1) / 2 : x.size(1);
+  TORCH_CHECK(panels.dim() == (bf16 ? 4 : 3) && panels.is_contiguous() &&
+                  panels.size(1) == depth && panels.size(2) == width &&
+                  panels.size(0) == (out + width - 1) / width,
               "panels must come from pack_panels for a weight of ", out, " x ", x.size(1));
   x = x.contiguous();
   auto y = torch::empty({x.size(0), out}, x.options());
   pybind11::gil_scoped_release no_gil;
-  radixserve::panel_linear(x.data_ptr<float>(), x.size(0), x.size(1), panels.data_ptr<float>(),
-                           out, y.data_ptr<float>());
+  if (!bf16) {
+    radixserve::panel_linear(x.data_ptr<float>(), x.size(0), x.size(1), panels.data_ptr<float>(),
+                             out, y.data_ptr<float>());
+  }
+#if defined(__AVX512BF16__)
+  if (bf16) {
+    radixserve::panel_linear(reinterpret_cast<const uint16_t*>(x.data_ptr()), x.size(0),
+                             x.size(1), reinterpret_cast<const uint16_t*>(panels.data_ptr()),
+                             out, reinterpret_cast<uint16_t*>(y.data_ptr()));
+  }
+#endif
   return y;
 }
 
@@ -261,6 +286,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x, float32 out");
   m.def("pack_panels", &pack_panels, "a float32 weight packed for panel_linear");
   m.def("panel_linear", &panel_linear, "x @ w.T on w's panels, for a few dozen rows");
+  m.def("bf16_panels", &radixserve::bf16_panels, "whether pack_panels takes bfloat16 here");
   m.def("add_rms_norm", &add_rms_norm, "residual += x (if given), then weight * rms_norm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("rope_inplace", &rope_inplace, "rotary embedding applied in place");

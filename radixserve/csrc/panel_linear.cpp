@@ -11,6 +11,9 @@
 #include "panel_linear.h"
 
 #include <ATen/Parallel.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -129,5 +132,108 @@ void panel_linear(const float* x, int64_t rows, int64_t in, const float* panels,
     }
   });
 }
+
+#if defined(__AVX512BF16__)
+namespace {
+
+// bfloat16: the panels hold input positions in pairs, [in / 2][width][2], so that one 32-bit
+// lane holds the pair a dot-product instruction (vdpbf16ps) multiplies by an input pair and
+// adds to a float32 accumulator: twice float32's multiply-adds per instruction, half its
+// bytes. Outputs are rounded to bfloat16 once, as torch's bfloat16 GEMM rounds them.
+constexpr int64_t kPair = 2 * kWidth;  // bfloat16 values per input pair of a panel
+
+inline __m512i broadcast_pair(const uint16_t* x) {
+  int32_t bits;
+  std::memcpy(&bits, x, sizeof bits);
+  return _mm512_set1_epi32(bits);
+}
+
+template <int R>
+void tile_bf16(const uint16_t* x, int64_t in, const uint16_t* p, uint16_t* y, int64_t out,
+               int64_t cols, Prefetch& pf) {
+  __m512 acc[R][kVecs];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
+  const int64_t pairs = (in + 1) / 2;
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    pf.step(kp);
+    __m512i w[kVecs];
+    for (int v = 0; v < kVecs; ++v) w[v] = _mm512_loadu_si512(p + kp * kPair + v * 2 * kLanes);
+    for (int r = 0; r < R; ++r) {
+      // an odd last position pairs with a zero (the panel's padding is zero too)
+      const __m512i xb = 2 * kp + 1 < in ? broadcast_pair(x + r * in + 2 * kp)
+                                         : _mm512_set1_epi32(x[r * in + 2 * kp]);
+      for (int v = 0; v < kVecs; ++v)
+        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)w[v], (__m512bh)xb);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) uint16_t row[kWidth];
+    for (int v = 0; v < kVecs; ++v) {
+      const __m256bh h = _mm512_cvtneps_pbh(acc[r][v]);
+      std::memcpy(row + v * kLanes, &h, sizeof h);
+    }
+    std::memcpy(y + r * out, row, cols * sizeof(uint16_t));
+  }
+}
+
+template <int R>
+void tile_bf16_of(int64_t rows, const uint16_t* x, int64_t in, const uint16_t* p, uint16_t* y,
+                  int64_t out, int64_t cols, Prefetch& pf) {
+  if (rows == R) {
+    tile_bf16<R>(x, in, p, y, out, cols, pf);
+  } else if constexpr (R > 1) {
+    tile_bf16_of<R - 1>(rows, x, in, p, y, out, cols, pf);
+  }
+}
+
+}  // namespace
+
+bool bf16_panels() { return true; }
+
+void pack_panels(const uint16_t* w, int64_t out, int64_t in, uint16_t* panels) {
+  const int64_t n_panels = (out + kWidth - 1) / kWidth;
+  const int64_t pairs = (in + 1) / 2;
+  at::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      uint16_t* dst = panels + j * pairs * kPair;
+      for (int64_t c = 0; c < kWidth; ++c) {
+        const int64_t n = j * kWidth + c;
+        for (int64_t k = 0; k < 2 * pairs; ++k) {
+          dst[(k / 2) * kPair + 2 * c + k % 2] = n < out && k < in ? w[n * in + k] : 0;
+        }
+      }
+    }
+  });
+}
+
+void panel_linear(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* panels,
+                  int64_t out, uint16_t* y) {
+  if (rows == 0 || out == 0) return;
+  const int64_t n_panels = (out + kWidth - 1) / kWidth;
+  const int64_t pairs = (in + 1) / 2;
+  const int64_t panel_values = pairs * kPair;
+  const int64_t tiles = (rows + kRowsMax - 1) / kRowsMax;
+  const int64_t steps = tiles * pairs;
+  const int64_t lines = std::max<int64_t>(1, panel_values * int64_t(sizeof(uint16_t)) / kLine);
+  const int64_t every = std::max<int64_t>(1, steps / lines);
+  const int64_t per = (lines + steps - 1) / steps;
+  at::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const uint16_t* p = panels + j * panel_values;
+      const char* next = reinterpret_cast<const char*>(p + panel_values);
+      Prefetch pf{next, j + 1 < end ? next + panel_values * sizeof(uint16_t) : next, every, per};
+      const int64_t cols = std::min(kWidth, out - j * kWidth);
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t r0 = t * rows / tiles, r1 = (t + 1) * rows / tiles;
+        tile_bf16_of<kRowsMax>(r1 - r0, x + r0 * in, in, p, y + r0 * out + j * kWidth, out,
+                               cols, pf);
+      }
+    }
+  });
+}
+#else
+bool bf16_panels() { return false; }
+#endif
 
 }  // namespace radixserve

@@ -24,6 +24,8 @@ decode step's few dozen rows both that and the native kernel above ran at 150-20
 there, a third of the machine's rate; a float32 weight packed into column panels
 (``csrc/panel_linear.cpp``) ran the projections at 20 rows in 15-17 ms against 24-27 (both)
 and at 32 rows in 22-26 against 31-35 (oneDNN), so up to ``PANEL_MAX_ROWS`` rows take it.
+With AVX512_BF16, bfloat16 panels (multiplied by its pairwise dot products) ran them at 32
+rows in 11.6 ms against oneDNN's 17.3, and still ahead at 192 rows.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ BF16_GEMM = torch_has_bf16_instructions()
 # bfloat16 14.4 ms against 13.0 at 4 rows, 13.8 against 15.1 at 8; float32 (AMD EPYC, bench
 # kernels) 26.4 against 23.9 at 16 rows, 32.0 against 34.2 at 24, 35.6 against 46.2 at 32.
 PACKED_MIN_ROWS = {torch.bfloat16: 5, torch.float32: 24}
-# Rows up to which float32 panels beat oneDNN's packed GEMM (bench kernels, AMD EPYC).
-PANEL_MAX_ROWS = 64
+# Rows up to which panels beat oneDNN's packed GEMM (AMD EPYC: float32 ~96, bfloat16 ~256).
+PANEL_MAX_ROWS = {torch.bfloat16: 128, torch.float32: 64}
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -76,8 +78,8 @@ def _native_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
 @dataclass(frozen=True)
 class PackedWeight:
     """A weight again in the layouts its faster paths read (``pack``): the native kernel's
-    column panels (float32; ``csrc/panel_linear.cpp``) for up to ``PANEL_MAX_ROWS`` rows, and
-    oneDNN's blocked layout where its GEMM outruns torch's for more; None where absent."""
+    column panels (``csrc/panel_linear.cpp``) for up to ``PANEL_MAX_ROWS`` rows, and oneDNN's
+    blocked layout where its GEMM outruns torch's for more; None where absent."""
 
     panels: torch.Tensor | None
     onednn: torch.Tensor | None
@@ -109,7 +111,7 @@ def packed_linear(
     is the faster path."""
     if packed is None or x.dim() != 2 or x.dtype != weight.dtype or torch.is_grad_enabled():
         return linear(x, weight, bias)
-    if packed.panels is not None and len(x) <= PANEL_MAX_ROWS:
+    if packed.panels is not None and len(x) <= PANEL_MAX_ROWS[x.dtype]:
         out = load_native().panel_linear(x, packed.panels, weight.shape[0])
         return out if bias is None else out.add_(bias)
     if packed.onednn is not None and len(x) >= PACKED_MIN_ROWS[x.dtype]:
@@ -119,12 +121,15 @@ def packed_linear(
 
 def pack(weight: torch.Tensor) -> PackedWeight | None:
     """``weight`` in the layouts of its faster paths on this CPU, or None where it has none:
-    panels for float32 where the native kernels build, oneDNN's where ``can_pack``."""
+    panels for float32 where the native kernels build (and bfloat16 where they have
+    AVX512_BF16's dot products), oneDNN's where ``can_pack``."""
     if weight.device.type != "cpu":
         return None
     kernels = load_native()
     panels = None
-    if weight.dtype == torch.float32 and kernels is not None:
+    if kernels is not None and (
+        weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and kernels.bf16_panels())
+    ):
         panels = kernels.pack_panels(weight.detach())
     blocked = onednn.pack(weight) if can_pack(weight.dtype) else None
     if panels is None and blocked is None:

@@ -164,7 +164,7 @@ def test_a_packed_linear_gives_what_the_plain_one_gives(monkeypatch, dtype, rtol
 @pytest.mark.parametrize("march", TARGETS)
 @settings(max_examples=60, deadline=None)
 @given(
-    rows=st.integers(1, PANEL_MAX_ROWS + 3),
+    rows=st.integers(1, PANEL_MAX_ROWS[torch.float32] + 3),
     n_in=st.integers(1, 80),
     n_out=st.integers(1, 120),
     seed=st.integers(0, 2**16),
@@ -209,8 +209,36 @@ def test_float32_decode_rows_take_the_panels(monkeypatch):
 
     monkeypatch.setattr(linear_module, "load_native", lambda: Spy())
     with torch.inference_mode():
-        for rows in (1, PANEL_MAX_ROWS, PANEL_MAX_ROWS + 1):
+        top = PANEL_MAX_ROWS[torch.float32]
+        for rows in (1, top, top + 1):
             x = torch.randn(rows, 32)
             out = packed_linear(x, layer.weight, layer.packed, layer.bias)
             torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
-    assert calls == [1, PANEL_MAX_ROWS]
+    assert calls == [1, top]
+
+
+@needs_native
+@pytest.mark.parametrize("march", TARGETS)
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 20),
+    n_in=st.integers(1, 80),
+    n_out=st.integers(1, 120),
+    seed=st.integers(0, 2**16),
+)
+def test_bfloat16_panels_round_as_torch_does(march, rows, n_in, n_out, seed):
+    """float32 sums of bfloat16 products, one rounding: torch's bfloat16 GEMM up to the
+    order of the sums, odd input widths included; refused cleanly without AVX512_BF16."""
+    kernels = load_native(march)
+    assert kernels is not None, f"the native kernels did not build for {march}"
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n_in, generator=g).bfloat16()
+    w = torch.randn(n_out, n_in, generator=g).bfloat16()
+    if not kernels.bf16_panels():
+        with pytest.raises(RuntimeError, match="AVX512_BF16"):
+            kernels.pack_panels(w)
+        return
+    got = kernels.panel_linear(x, kernels.pack_panels(w), n_out)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n_out)
+    exact = F.linear(x.double(), w.double())
+    torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=2e-2)
