@@ -42,9 +42,10 @@ class EngineConfig:
     # keep freed host memory for reuse (glibc's mmap/trim thresholds, process-wide): CPU
     # forward passes stop faulting in fresh pages for every temporary
     tune_malloc: bool = True
-    # keep a second copy of the projections' weights in oneDNN's layout where its GEMM is the
-    # faster one (bfloat16 with bfloat16 instructions; float32 where it clearly outruns
-    # torch's BLAS, as on AMD EPYC): costs their size in memory
+    # keep the projections' and output weights again in their faster paths' layouts: column
+    # panels for a decode step's rows (float32; bfloat16 with AVX512_BF16), oneDNN's where
+    # its GEMM is the faster one for more (bfloat16 with bfloat16 instructions; float32
+    # where it clearly outruns torch's BLAS, as on AMD EPYC): up to twice their size again
     pack_weights: bool = True
     # a disk tier under the KV pool: pages leaving the pool are kept in this folder (bounded
     # by disk_cache_size_gb) and read back when a prompt's prefix runs past the pool's; a
