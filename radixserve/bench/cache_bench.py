@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -26,6 +25,7 @@ from radixserve.bench.report import (
     with_progress,
 )
 from radixserve.bench.simulate import chat_through_tree, serve_without_model
+from radixserve.bench.timing import per_call
 from radixserve.bench.workloads import MultiTurnChat
 from radixserve.cache import RadixCache
 from radixserve.memory import KVSlotAllocator
@@ -125,7 +125,7 @@ def bench_lookups(shape: TreeShape, page_size: int, cfg: CacheBenchConfig) -> li
         for q in queries[:8]:
             if cache.match_prefix(q).length != expected:
                 raise AssertionError("benchmark tree does not hit the expected length")
-        match_rounds.append(_timed(queries, cache.match_prefix))
+        match_rounds.append(per_call(queries, cache.match_prefix))
         # Each insert extends one query's path by a new turn, as a finished request does: the
         # prefix's slots come from the tree, the new turn's are allocated beforehand.
         grown, slots = [], []
@@ -135,7 +135,7 @@ def bench_lookups(shape: TreeShape, page_size: int, cfg: CacheBenchConfig) -> li
             fresh = cache.allocator.alloc(shape.turn_len)[: shape.turn_len]
             slots.append(np.concatenate([prefix.slots, fresh]))
         insert_rounds.append(
-            _timed(list(zip(grown, slots, strict=True)), lambda a: cache.insert(*a))
+            per_call(list(zip(grown, slots, strict=True)), lambda a: cache.insert(*a))
         )
     base = {
         "shape": shape.name,
@@ -164,7 +164,7 @@ def bench_eviction(page_size: int, cfg: CacheBenchConfig) -> dict:
             _insert(cache, np.concatenate([prompt, _tokens(rng, leaf_len)]))
     leaves = cache.num_evictable_leaves
     evict_rounds = [
-        _timed(range(cfg.evictions), lambda _: cache.evict(1)) for _ in range(cfg.rounds)
+        per_call(range(cfg.evictions), lambda _: cache.evict(1)) for _ in range(cfg.rounds)
     ]
     return {
         "shape": f"{_si(leaves)} evictable leaves",
@@ -202,29 +202,13 @@ def _insert(cache: RadixCache, tokens: np.ndarray) -> None:
     serve_without_model(cache, tokens, _NO_OUTPUT)
 
 
-def _timed(items, op) -> np.ndarray:
-    out = np.empty(len(items), dtype=np.int64)
-    clock = time.perf_counter_ns
-    gc_was_on = gc.isenabled()
-    gc.disable()
-    try:
-        for i, item in enumerate(items):
-            t0 = clock()
-            op(item)
-            out[i] = clock() - t0
-    finally:
-        if gc_was_on:
-            gc.enable()
-    return out
-
-
 def _best_round(rounds: list[np.ndarray]) -> dict:
     """Percentiles of the round with the lowest median: on a shared machine, neighbours only
     ever add time, so the quietest round is the best estimate of the code's own cost."""
     best = min(rounds, key=np.median)
     return {
-        "p50_us": float(np.percentile(best, 50)) / 1e3,
-        "p99_us": float(np.percentile(best, 99)) / 1e3,
+        "p50_us": float(np.percentile(best, 50)) * 1e6,
+        "p99_us": float(np.percentile(best, 99)) * 1e6,
         "samples": len(best),
         "rounds": len(rounds),
     }

@@ -1,13 +1,17 @@
 """The one way benchmarks time things: configurations alternate (every other round reversed,
 so drift hits all alike and none always follows the same neighbour), and a comparison is
 the median of the paired rounds' ratios with their min-max. The machine is shared and noisy:
-nothing finer is claimed from it."""
+nothing finer is claimed from it. Single operations of microseconds (the tree's) are timed
+call by call with the garbage collector paused (``per_call``)."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Sequence
 from statistics import median
+
+import numpy as np
 
 
 def alternating(labels: Sequence[str], rounds: int) -> list[str]:
@@ -46,3 +50,24 @@ def paired(slow: Sequence[float], fast: Sequence[float]) -> dict[str, float]:
     """``slow[i] / fast[i]`` for rounds run back to back: median, min and max."""
     ratios = [a / b for a, b in zip(slow, fast, strict=True)]
     return {"median": median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def per_call(
+    items: Sequence, call: Callable[[object], object], prepare: Callable = lambda item: item
+) -> np.ndarray:
+    """Seconds of ``call(prepare(item))`` for each item, one call at a time (``prepare``
+    untimed, just before), with the garbage collector paused so no call pays for a
+    collection it did not cause."""
+    out = np.empty(len(items))
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        for i, item in enumerate(items):
+            arg = prepare(item)
+            start = time.perf_counter()
+            call(arg)
+            out[i] = time.perf_counter() - start
+    finally:
+        if was_on:
+            gc.enable()
+    return out

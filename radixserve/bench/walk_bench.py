@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import gc
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from radixserve.bench.cache_bench import TreeShape, _unseen_tokens, build_tree
+from radixserve.bench.timing import per_call
 from radixserve.cache.tokens import encode_tokens
 
 
@@ -52,16 +51,5 @@ def _p50_us(
     timed: Callable[[object], object],
     prepare: Callable[[np.ndarray], object] = lambda q: q,
 ) -> float:
-    """p50 µs of ``timed(prepare(q))`` over ``queries``, each prepared just before its call
-    (untimed), with the garbage collector paused."""
-    gc.disable()
-    try:
-        times = []
-        for q in queries:
-            arg = prepare(q)
-            start = time.perf_counter()
-            timed(arg)
-            times.append(time.perf_counter() - start)
-    finally:
-        gc.enable()
-    return float(np.median(times) * 1e6)
+    """p50 µs of ``timed(prepare(q))`` over ``queries``."""
+    return float(np.median(per_call(queries, timed, prepare)) * 1e6)
