@@ -61,21 +61,8 @@ inline float hsumv(Vec v) { return hsum(v); }
 #endif
 
 constexpr int64_t kRowChunk = 64;
-constexpr int64_t kLine = 64;
 
-// Lines of memory handed to the prefetcher: `per` lines every `every` vector steps, so the
-// whole next block is asked for within this block's arithmetic, however few its rows.
-struct Prefetch {
-  const char* next;
-  const char* end;
-  int64_t every;
-  int64_t per;
-
-  void step(int64_t i) {
-    if (i % every != 0) return;
-    for (int64_t l = 0; l < per && next < end; ++l, next += kLine) __builtin_prefetch(next);
-  }
-};
+using Prefetch = LinePrefetch<3>;
 
 // y[r][j] = x[r] . w[j] for R input rows and B weight rows (y's row stride: out).
 template <typename W, int B, int R>
@@ -136,7 +123,7 @@ void linear_rows(const float* x, int64_t rows, int64_t in, const W* w, int64_t o
     float* yc = y + r0 * out;
     // Vector steps spent on one block, over the lines of the next one to fetch meanwhile.
     const int64_t steps = (n + kRowsMax - 1) / kRowsMax * (in / kLanes);
-    const int64_t lines = std::max<int64_t>(1, block_bytes / kLine);
+    const int64_t lines = std::max<int64_t>(1, block_bytes / kCacheLine);
     const int64_t every = std::max<int64_t>(1, steps / lines);
     const int64_t per = (lines + steps - 1) / std::max<int64_t>(1, steps);
     at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {

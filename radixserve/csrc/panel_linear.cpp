@@ -9,6 +9,7 @@
 // memory, later tiles find it in L2, and meanwhile the next panel is prefetched so the memory
 // stream does not wait for the arithmetic.
 #include "panel_linear.h"
+#include "vec.h"
 
 #include <ATen/Parallel.h>
 #if defined(__AVX512BF16__)
@@ -37,23 +38,12 @@ constexpr int kRowsMax = 4;
 #endif
 constexpr int kVecs = 3;
 constexpr int64_t kWidth = kVecs * kLanes;
-constexpr int64_t kLine = 64;
 
 inline Vec loadv(const float* p) { return *reinterpret_cast<const VecU*>(p); }
 inline void storev(float* p, Vec v) { *reinterpret_cast<VecU*>(p) = v; }
 
-// The next panel, handed to the prefetcher `per` lines every `every` loop steps.
-struct Prefetch {
-  const char* next;
-  const char* end;
-  int64_t every;
-  int64_t per;
-
-  void step(int64_t k) {
-    if (k % every != 0) return;
-    for (int64_t l = 0; l < per && next < end; ++l, next += kLine) __builtin_prefetch(next, 0, 2);
-  }
-};
+// The next panel goes to L2: this one's later row tiles read it from there too.
+using Prefetch = LinePrefetch<2>;
 
 // y[r][c] = sum_k x[r][k] * panel[k][c] for R rows and the panel's first `cols` columns.
 template <int R>
@@ -91,6 +81,35 @@ void tile_of(int64_t rows, const float* x, int64_t in, const float* p, float* y,
   }
 }
 
+// Every panel (the threads share them out) against every row tile of near-equal height (at
+// most kRowsMax: 20 rows are 7 + 7 + 6, not 8 + 8 + 4), the next panel prefetched meanwhile.
+// `depth`: loop steps per panel (input positions, or pairs of them); T: the values' type.
+template <typename T, typename Tile>
+void over_panels(const T* x, int64_t rows, int64_t in, int64_t depth, const T* panels,
+                 int64_t out, T* y, Tile tile) {
+  if (rows == 0 || out == 0) return;
+  const int64_t n_panels = (out + kWidth - 1) / kWidth;
+  const int64_t panel_bytes = depth * kWidth * int64_t(sizeof(float));
+  const int64_t panel_values = panel_bytes / int64_t(sizeof(T));
+  const int64_t tiles = (rows + kRowsMax - 1) / kRowsMax;
+  const int64_t steps = tiles * depth;
+  const int64_t lines = std::max<int64_t>(1, panel_bytes / kCacheLine);
+  const int64_t every = std::max<int64_t>(1, steps / lines);
+  const int64_t per = (lines + steps - 1) / steps;
+  at::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const T* p = panels + j * panel_values;
+      const char* next = reinterpret_cast<const char*>(p + panel_values);
+      Prefetch pf{next, j + 1 < end ? next + panel_bytes : next, every, per};
+      const int64_t cols = std::min(kWidth, out - j * kWidth);
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t r0 = t * rows / tiles, r1 = (t + 1) * rows / tiles;
+        tile(r1 - r0, x + r0 * in, p, y + r0 * out + j * kWidth, cols, pf);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 int64_t panel_width() { return kWidth; }
@@ -110,27 +129,9 @@ void pack_panels(const float* w, int64_t out, int64_t in, float* panels) {
 
 void panel_linear(const float* x, int64_t rows, int64_t in, const float* panels, int64_t out,
                   float* y) {
-  if (rows == 0 || out == 0) return;
-  const int64_t n_panels = (out + kWidth - 1) / kWidth;
-  const int64_t panel_floats = in * kWidth;
-  // Row tiles of near-equal height (at most kRowsMax): 20 rows are 7 + 7 + 6, not 8 + 8 + 4.
-  const int64_t tiles = (rows + kRowsMax - 1) / kRowsMax;
-  const int64_t steps = tiles * in;
-  const int64_t lines = std::max<int64_t>(1, panel_floats * int64_t(sizeof(float)) / kLine);
-  const int64_t every = std::max<int64_t>(1, steps / lines);
-  const int64_t per = (lines + steps - 1) / steps;
-  at::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      const float* p = panels + j * panel_floats;
-      const char* next = reinterpret_cast<const char*>(p + panel_floats);
-      Prefetch pf{next, j + 1 < end ? next + panel_floats * sizeof(float) : next, every, per};
-      const int64_t cols = std::min(kWidth, out - j * kWidth);
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t r0 = t * rows / tiles, r1 = (t + 1) * rows / tiles;
-        tile_of<kRowsMax>(r1 - r0, x + r0 * in, in, p, y + r0 * out + j * kWidth, out, cols, pf);
-      }
-    }
-  });
+  over_panels(x, rows, in, in, panels, out, y,
+              [&](int64_t n, const float* xt, const float* p, float* yt, int64_t cols,
+                  Prefetch& pf) { tile_of<kRowsMax>(n, xt, in, p, yt, out, cols, pf); });
 }
 
 #if defined(__AVX512BF16__)
@@ -209,28 +210,9 @@ void pack_panels(const uint16_t* w, int64_t out, int64_t in, uint16_t* panels) {
 
 void panel_linear(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* panels,
                   int64_t out, uint16_t* y) {
-  if (rows == 0 || out == 0) return;
-  const int64_t n_panels = (out + kWidth - 1) / kWidth;
-  const int64_t pairs = (in + 1) / 2;
-  const int64_t panel_values = pairs * kPair;
-  const int64_t tiles = (rows + kRowsMax - 1) / kRowsMax;
-  const int64_t steps = tiles * pairs;
-  const int64_t lines = std::max<int64_t>(1, panel_values * int64_t(sizeof(uint16_t)) / kLine);
-  const int64_t every = std::max<int64_t>(1, steps / lines);
-  const int64_t per = (lines + steps - 1) / steps;
-  at::parallel_for(0, n_panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      const uint16_t* p = panels + j * panel_values;
-      const char* next = reinterpret_cast<const char*>(p + panel_values);
-      Prefetch pf{next, j + 1 < end ? next + panel_values * sizeof(uint16_t) : next, every, per};
-      const int64_t cols = std::min(kWidth, out - j * kWidth);
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t r0 = t * rows / tiles, r1 = (t + 1) * rows / tiles;
-        tile_bf16_of<kRowsMax>(r1 - r0, x + r0 * in, in, p, y + r0 * out + j * kWidth, out,
-                               cols, pf);
-      }
-    }
-  });
+  over_panels(x, rows, in, (in + 1) / 2, panels, out, y,
+              [&](int64_t n, const uint16_t* xt, const uint16_t* p, uint16_t* yt, int64_t cols,
+                  Prefetch& pf) { tile_bf16_of<kRowsMax>(n, xt, in, p, yt, out, cols, pf); });
 }
 #else
 bool bf16_panels() { return false; }

@@ -111,4 +111,24 @@ inline float hsum(f8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
+// Lines of memory handed to the prefetcher: `per` lines every `every` loop steps, so that a
+// whole next block is asked for within the current block's arithmetic, however few its rows.
+// kLocality is __builtin_prefetch's hint (3: into L1, 2: into L2).
+constexpr int64_t kCacheLine = 64;
+
+template <int kLocality>
+struct LinePrefetch {
+  const char* next;
+  const char* end;
+  int64_t every;
+  int64_t per;
+
+  void step(int64_t i) {
+    if (i % every != 0) return;
+    for (int64_t l = 0; l < per && next < end; ++l, next += kCacheLine) {
+      __builtin_prefetch(next, 0, kLocality);
+    }
+  }
+};
+
 }  // namespace radixserve
