@@ -88,6 +88,10 @@ template <typename T, typename Tile>
 void over_panels(const T* x, int64_t rows, int64_t in, int64_t depth, const T* panels,
                  int64_t out, T* y, Tile tile) {
   if (rows == 0 || out == 0) return;
+  if (depth == 0) {  // no inputs: every sum is empty
+    std::fill(y, y + rows * out, T(0));
+    return;
+  }
   const int64_t n_panels = (out + kWidth - 1) / kWidth;
   const int64_t panel_bytes = depth * kWidth * int64_t(sizeof(float));
   const int64_t panel_values = panel_bytes / int64_t(sizeof(T));

@@ -182,6 +182,13 @@ def test_panel_kernel_equals_torch(march, rows, n_in, n_out, seed):
 
 
 @needs_native
+def test_panels_of_a_weight_without_inputs_give_zeros():
+    kernels = load_native()
+    out = kernels.panel_linear(torch.randn(3, 0), kernels.pack_panels(torch.randn(5, 0)), 5)
+    assert torch.equal(out, torch.zeros(3, 5))
+
+
+@needs_native
 def test_panels_refuse_a_weight_of_another_shape():
     kernels = load_native()
     panels = kernels.pack_panels(torch.randn(50, 16))
