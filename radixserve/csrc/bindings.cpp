@@ -284,7 +284,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "Paged attention over the KV pool by plan");
   m.def("merge_states", &merge_states, "softmax states of attention parts merged by lse");
   m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x, float32 out");
-  m.def("pack_panels", &pack_panels, "a float32 weight packed for panel_linear");
+  m.def("pack_panels", &pack_panels, "a float32 or bfloat16 weight packed for panel_linear");
   m.def("panel_linear", &panel_linear, "x @ w.T on w's panels, for a few dozen rows");
   m.def("bf16_panels", &radixserve::bf16_panels, "whether pack_panels takes bfloat16 here");
   m.def("add_rms_norm", &add_rms_norm, "residual += x (if given), then weight * rms_norm");

@@ -159,19 +159,23 @@ void tile_bf16(const uint16_t* x, int64_t in, const uint16_t* p, uint16_t* y, in
   __m512 acc[R][kVecs];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
-  const int64_t pairs = (in + 1) / 2;
-  for (int64_t kp = 0; kp < pairs; ++kp) {
-    pf.step(kp);
+  // One pair of input positions a step; an odd last position pairs with a zero (the
+  // panel's padding is zero too).
+  auto step = [&](int64_t kp, auto input_pair) {
     __m512i w[kVecs];
     for (int v = 0; v < kVecs; ++v) w[v] = _mm512_loadu_si512(p + kp * kPair + v * 2 * kLanes);
     for (int r = 0; r < R; ++r) {
-      // an odd last position pairs with a zero (the panel's padding is zero too)
-      const __m512i xb = 2 * kp + 1 < in ? broadcast_pair(x + r * in + 2 * kp)
-                                         : _mm512_set1_epi32(x[r * in + 2 * kp]);
+      const __m512i xb = input_pair(x + r * in + 2 * kp);
       for (int v = 0; v < kVecs; ++v)
         acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)w[v], (__m512bh)xb);
     }
+  };
+  const int64_t full = in / 2;
+  for (int64_t kp = 0; kp < full; ++kp) {
+    pf.step(kp);
+    step(kp, broadcast_pair);
   }
+  if (in % 2) step(full, [](const uint16_t* xp) { return _mm512_set1_epi32(*xp); });
   for (int r = 0; r < R; ++r) {
     alignas(64) uint16_t row[kWidth];
     for (int v = 0; v < kVecs; ++v) {
