@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from radixserve.attention import (
     ExtendRequest,
@@ -26,6 +25,7 @@ from radixserve.attention import (
     TorchAttentionBackend,
 )
 from radixserve.bench import plots
+from radixserve.bench.linear_bench import LINEAR_TABLE, linear_rows_bench
 from radixserve.bench.rates import BandwidthProbe
 from radixserve.bench.report import (
     Column,
@@ -37,9 +37,8 @@ from radixserve.bench.report import (
 )
 from radixserve.bench.timing import medians, time_alternating
 from radixserve.bench.walk_bench import matcher_rows
-from radixserve.csrc import load_native, onednn
+from radixserve.csrc import load_native
 from radixserve.memory.kv_pool import KVPool
-from radixserve.model.linear import can_pack
 from radixserve.model.presets import preset_hf_config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -88,7 +87,9 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dic
         step(f"cascade {dtype}")
     linear = []
     for dtype in cfg.dtypes:
-        linear += linear_rows_bench(hf, _DTYPES[dtype], probe, cfg, step)
+        linear += linear_rows_bench(
+            hf, _DTYPES[dtype], probe, cfg.linear_rows, cfg.linear_layers, cfg.reps, cfg.seed, step
+        )
     matcher = matcher_rows(cfg.matcher_tree_tokens, cfg.matcher_hit, cfg.page_size, cfg.seed)
     step("matcher")
     return {
@@ -210,71 +211,6 @@ def _alternate(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, f
     return medians(time_alternating(calls, reps))
 
 
-def linear_rows_bench(
-    hf, dtype: torch.dtype, probe: BandwidthProbe, cfg: KernelBenchConfig, step
-) -> list[dict]:
-    """A decode step's projections (q, k, v, o, gate, up, down of every decoder layer) at a
-    few rows: torch's ``F.linear``, the native kernel on the plain weights, the native kernel
-    on column panels (float32) and, where the engine would pack the weights, oneDNN on packed
-    ones, alternately; the fastest of the non-torch paths against torch and against the time
-    to read the weights once at the probe's bandwidth."""
-    h, inter = hf.hidden_size, hf.intermediate_size
-    head_dim = getattr(hf, "head_dim", None) or h // hf.num_attention_heads
-    q, kv = hf.num_attention_heads * head_dim, hf.num_key_value_heads * head_dim
-    shapes = [(q, h), (kv, h), (kv, h), (h, q), (inter, h), (inter, h), (h, inter)]
-    layers = cfg.linear_layers or hf.num_hidden_layers
-    g = torch.Generator().manual_seed(cfg.seed)
-    weights = [torch.randn(o, i, generator=g).to(dtype) for _ in range(layers) for o, i in shapes]
-    nbytes = sum(w.numel() for w in weights) * dtype.itemsize
-    kernels = load_native()
-    packed = [onednn.pack(w) for w in weights] if can_pack(dtype) else None
-    has_panels = dtype == torch.float32 or (dtype == torch.bfloat16 and kernels.bf16_panels())
-    panels = [kernels.pack_panels(w) for w in weights] if has_panels else None
-    rows = []
-    for n in cfg.linear_rows:
-        inputs = {i: torch.randn(n, i, generator=g).to(dtype) for i in {h, q, inter}}
-
-        def over_layers(fn, inputs=inputs):
-            return lambda: [fn(inputs[w.shape[1]], w) for w in weights]
-
-        calls = {
-            "torch": over_layers(F.linear),
-            "native": over_layers(kernels.linear_rows),
-            "read": probe.read,
-        }
-        if packed is not None:
-            calls["onednn"] = lambda inputs=inputs: [
-                onednn.linear(inputs[w.shape[1]], p) for w, p in zip(weights, packed, strict=True)
-            ]
-        if panels is not None:
-            calls["panels"] = lambda inputs=inputs: [
-                kernels.panel_linear(inputs[w.shape[1]], p, w.shape[0])
-                for w, p in zip(weights, panels, strict=True)
-            ]
-        times = _alternate(calls, cfg.reps)
-        read_limit = nbytes / probe.bandwidth(times["read"])
-        flops = 2 * n * nbytes / dtype.itemsize
-        best = min(t for name, t in times.items() if name not in ("torch", "read"))
-        row = {
-            "kernel": "linear",
-            "dtype": str(dtype).removeprefix("torch."),
-            "case": f"{n} rows x {layers} layers",
-            "weight_mb": nbytes / 1e6,
-            "torch_ms": times["torch"] * 1e3,
-            "native_ms": times["native"] * 1e3,
-            "onednn_ms": times["onednn"] * 1e3 if "onednn" in times else None,
-            "panels_ms": times["panels"] * 1e3 if "panels" in times else None,
-            "speedup": times["torch"] / best,
-            "gflop_s": flops / best / 1e9,
-            "read_limit_ms": read_limit * 1e3,
-            "of_read_limit": best / read_limit,
-            "read_gb_s": probe.bandwidth(times["read"]) / 1e9,
-        }
-        rows.append(row)
-        step(f"linear {rows[-1]['dtype']} {n} rows")
-    return rows
-
-
 TABLES = (
     TableSpec(
         "rows",
@@ -292,23 +228,7 @@ TABLES = (
             Column("read_gb_s", "read GB/s", num(1), wide=True),
         ),
     ),
-    TableSpec(
-        "linear",
-        "linear layers at a few rows (every layer's projections)",
-        (
-            Column("dtype", "dtype"),
-            Column("case", "case"),
-            Column("weight_mb", "weights MB", num(0), wide=True),
-            Column("torch_ms", "F.linear ms", num(1)),
-            Column("native_ms", "native ms", num(1), wide=True),
-            Column("onednn_ms", "oneDNN ms", num(1)),
-            Column("panels_ms", "panels ms", num(1)),
-            Column("speedup", "speedup", times),
-            Column("gflop_s", "GFLOP/s", num(1), wide=True),
-            Column("read_limit_ms", "read limit ms", num(1), wide=True),
-            Column("of_read_limit", "x read limit", num(2)),
-        ),
-    ),
+    LINEAR_TABLE,
     TableSpec(
         "matcher",
         "the radix tree's walk, p50 µs",
