@@ -1,4 +1,5 @@
-"""The parts of a batch's attention that are dense blocks, for torch's CPU flash kernel.
+"""The parts of a batch's attention that are dense blocks, for torch's CPU flash kernel or
+the native block kernel.
 
 Two shapes of work carry most of a prefill's attention arithmetic and are plain matrix
 products once their K/V sit side by side: many queries over the same cached slots (the
@@ -14,14 +15,15 @@ heads of a KV head are ``G`` more queries over the same keys.
 
 Where oneDNN's float32 GEMM clearly outruns torch's BLAS (``csrc.onednn.float32_faster``;
 on an AMD EPYC ~410 GFLOP/s against ~160, which torch's flash kernel also runs at), a
-shared block is instead two oneDNN products with a native softmax between them, a chunk of
-queries at a time so that its scores stay in cache (5,952 queries x 1,024 keys: 1.6x the
-flash kernel), in float32 for bfloat16 too unless the CPU has AMX.
+dense block goes instead to the native block kernel (``csrc/block_attention.cpp``:
+outer-product tiles whose scores stay in cache through the softmax), in float32 for
+bfloat16 too unless the CPU has AMX. There it ran 1.2-1.9x two oneDNN products with a
+native softmax between them (760 queries x 496 keys 3.8 ms a layer against 5.9; 1,984 x
+1,024 21 against 25), which ran 1.6x the flash kernel.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -54,23 +56,31 @@ DENSE_MIN_WORK = {
 _FLOAT32_SELF = 2048 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 1024
 
 
+# New tokens from which an extend attends over itself in the native block kernel where that
+# takes the dense blocks (``native_blocks``): a prompt's 30 layers over itself at 256 tokens
+# 0.62 ms a layer against the paged kernel's 0.71, at 540 1.7 against 2.3 (AMD EPYC).
+_NATIVE_SELF = 256
+
+
+def native_blocks(dtype: torch.dtype) -> bool:
+    """Whether dense blocks go to the native block kernel rather than torch's flash kernel:
+    where torch's BLAS is the slow GEMM (the flash kernel runs on it: a 2,048-token prompt's
+    30 layers took 1.28 s there against 0.7 natively on an AMD EPYC), unless the flash
+    kernel has AMX tiles for bfloat16."""
+    return onednn.float32_faster() and (dtype == torch.float32 or not AMX)
+
+
 def self_min_tokens(dtype: torch.dtype) -> float:
-    """New tokens from which an extend attends over itself in a dense block: never where
-    torch's BLAS is the slow GEMM (its flash kernel runs on it: a 2,048-token prompt's 30
-    layers took 1.28 s there against 0.7 natively on an AMD EPYC)."""
-    if dtype == torch.bfloat16 and AMX:
-        return 256
-    return math.inf if onednn.float32_faster() else _FLOAT32_SELF
+    """New tokens from which an extend attends over itself in a dense block."""
+    if native_blocks(dtype):
+        return _NATIVE_SELF
+    return 256 if dtype == torch.bfloat16 and AMX else _FLOAT32_SELF
 
 
 # A group of decode-like members stays a native cascade (the kernel reads the shared slots
 # once for them and their short suffixes in the same pass) from this many queries per KV
 # head; below it the members attend one by one.
 CASCADE_MIN_QUERIES = 32
-
-# Queries a GEMM-attended chunk takes: its scores (chunk x keys floats) stay in cache
-# between the products and the softmax.
-GEMM_CHUNK = 512
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -170,8 +180,8 @@ class Part:
 def run_shared(
     block: SharedBlock, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float
 ) -> Part:
-    if onednn.float32_faster() and (q.dtype == torch.float32 or not AMX):
-        return run_shared_gemm(block, q, k_pool, v_pool, scale)
+    if native_blocks(q.dtype):
+        return run_shared_native(block, q, k_pool, v_pool, scale)
     n, heads, dim = len(block.tokens), q.shape[1], q.shape[2]
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads
@@ -186,31 +196,13 @@ def run_shared(
     return Part(block.tokens, out.float(), lse)
 
 
-def run_shared_gemm(
+def run_shared_native(
     block: SharedBlock, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float
 ) -> Part:
-    """``run_shared`` in float32 as oneDNN products and a native softmax per KV head
-    (bfloat16 q and K/V widened: oneDNN's bfloat16 products would round the scores)."""
-    n, heads, dim = len(block.tokens), q.shape[1], q.shape[2]
-    kv_heads = k_pool.shape[1]
-    group = heads // kv_heads
-    rows = n * group
-    # [kv_heads, n * group, dim]: a KV head's query heads side by side, scaled
-    qf = (q[block.tokens].float() * scale).view(n, kv_heads, group, dim).transpose(0, 1)
-    qf = qf.reshape(kv_heads, rows, dim)
-    out = torch.empty(kv_heads, rows, dim)
-    lse = torch.empty(kv_heads, rows)
-    softmax_rows = load_native().softmax_rows
-    for h in range(kv_heads):
-        # one KV head's keys [keys, dim] and values [dim, keys], gathered once
-        kh = k_pool[block.slots, h].float()
-        vt = v_pool[block.slots, h].t().float().contiguous()
-        for c in range(0, rows, GEMM_CHUNK):
-            scores = onednn.linear(qf[h, c : c + GEMM_CHUNK], kh)  # [chunk, keys]
-            lse[h, c : c + GEMM_CHUNK] = softmax_rows(scores)
-            out[h, c : c + GEMM_CHUNK] = onednn.linear(scores, vt)
-    out = out.view(kv_heads, n, group, dim).transpose(0, 1).reshape(n, heads, dim)
-    lse = lse.view(kv_heads, n, group).transpose(0, 1).reshape(n, heads)
+    """``run_shared`` in the native block kernel, in float32 (bfloat16 q and K/V widened)."""
+    out, lse = load_native().block_attention(
+        q[block.tokens].float(), k_pool[block.slots].float(), v_pool[block.slots].float(), scale, -1
+    )
     return Part(block.tokens, out, lse)
 
 
@@ -218,6 +210,11 @@ def run_self(
     block: SelfBlock, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> Part:
     tokens = block.tokens
+    if native_blocks(q.dtype):  # one call a request, in float32
+        kernel = load_native().block_attention
+        parts = [kernel(q[t].float(), k[t].float(), v[t].float(), scale, 0) for t in tokens]
+        out, lse = (torch.cat(x) for x in zip(*parts, strict=True))
+        return Part(tokens.reshape(-1), out, lse)
     b, n, heads, dim = len(tokens), block.length, q.shape[1], q.shape[2]
     group = heads // k.shape[1]
     qs = q[tokens].transpose(1, 2)  # [b, heads, n, dim]

@@ -5,8 +5,8 @@ Where the torch backend gathers every request's K/V into a padded block before a
 pool. A decode batch's requests that share a radix-tree path (``batch.prefix_groups``) read
 the shared slots once for all their queries (cascade attention) and merge with their private
 suffix by log-sum-exp. Dense blocks (extends over a shared or long cached prefix, a long
-prompt over itself) go to torch's flash kernel instead (``dense_blocks.py``) and merge the
-same way. CPU only; float32 or bfloat16 K/V.
+prompt over itself) go to torch's flash kernel or the native block kernel instead
+(``dense_blocks.py``) and merge the same way. CPU only; float32 or bfloat16 K/V.
 """
 
 from __future__ import annotations

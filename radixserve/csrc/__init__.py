@@ -21,13 +21,13 @@ logger = logging.getLogger(__name__)
 
 SOURCES = (
     "bindings.cpp",
+    "block_attention.cpp",
     "elementwise.cpp",
     "linear_rows.cpp",
     "merge_states.cpp",
     "paged_attention.cpp",
     "panel_linear.cpp",
     "prefix_match.cpp",
-    "softmax_rows.cpp",
 )
 DISABLE_ENV = "RADIXSERVE_NATIVE"
 _FLAGS = ["-O3", "-std=c++17", "-fopenmp"]

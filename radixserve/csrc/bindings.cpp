@@ -1,12 +1,12 @@
 // Python bindings: tensors and bytes in, raw pointers to the kernels.
 #include <torch/extension.h>
 
+#include "block_attention.h"
 #include "elementwise.h"
 #include "linear_rows.h"
 #include "merge_states.h"
 #include "panel_linear.h"
 #include "paged_attention.h"
-#include "softmax_rows.h"
 
 namespace {
 
@@ -62,6 +62,34 @@ std::vector<torch::Tensor> paged_attention(torch::Tensor q, torch::Tensor k_pool
       TORCH_CHECK(false, "the native kernels read float32 or bfloat16 K/V, not ",
                   k_pool.dtype());
     }
+  }
+  return {out, lse};
+}
+
+// q [tokens, heads, head_dim] over k, v [keys, kv_heads, head_dim] held side by side (float32):
+// (out [tokens, heads, head_dim], lse [tokens, heads]) float32. causal_offset < 0: every key
+// visible; else token t sees the first causal_offset + t + 1.
+std::vector<torch::Tensor> block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                           double scale, int64_t causal_offset) {
+  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+    TORCH_CHECK(t->dim() == 3 && t->scalar_type() == torch::kFloat32 && t->is_contiguous() &&
+                    t->device().is_cpu(),
+                name, " must be a contiguous float32 CPU tensor of three dimensions");
+  }
+  TORCH_CHECK(k.sizes() == v.sizes() && q.size(2) == k.size(2) && k.size(1) > 0 &&
+                  q.size(1) % k.size(1) == 0,
+              "q must be [tokens, heads, head_dim], k and v [keys, kv_heads, head_dim], heads "
+              "a multiple of kv_heads");
+  TORCH_CHECK(q.size(2) % radixserve::block_attention_dim_multiple() == 0, "head_dim must be a ",
+              "multiple of ", radixserve::block_attention_dim_multiple(), " here");
+  auto out = torch::empty_like(q);
+  auto lse = torch::empty({q.size(0), q.size(1)}, q.options());
+  {
+    pybind11::gil_scoped_release no_gil;
+    radixserve::block_attention(q.data_ptr<float>(), q.size(0), q.size(1), k.data_ptr<float>(),
+                                v.data_ptr<float>(), k.size(0), k.size(1), k.size(2),
+                                static_cast<float>(scale), causal_offset, out.data_ptr<float>(),
+                                lse.data_ptr<float>());
   }
   return {out, lse};
 }
@@ -254,18 +282,6 @@ void rope_inplace(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
   });
 }
 
-// Each row of s [rows, cols] (float32, unit column stride) to its softmax, in place; returns
-// each row's log-sum-exp [rows].
-torch::Tensor softmax_rows(torch::Tensor s) {
-  TORCH_CHECK(s.dim() == 2 && s.scalar_type() == torch::kFloat32 && s.device().is_cpu() &&
-                  s.stride(1) == 1,
-              "s must be a float32 CPU [rows, cols] tensor with contiguous rows");
-  auto lse = torch::empty({s.size(0)}, s.options());
-  radixserve::softmax_rows(s.data_ptr<float>(), s.size(0), s.size(1), s.stride(0),
-                           lse.data_ptr<float>());
-  return lse;
-}
-
 // Bytes of key[pos:] and edge that agree, in whole tokens of `unit` bytes.
 int64_t matching_prefix(const pybind11::bytes& key, int64_t pos, const pybind11::bytes& edge,
                         int64_t unit) {
@@ -282,6 +298,7 @@ int64_t matching_prefix(const pybind11::bytes& key, int64_t pos, const pybind11:
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "Paged attention over the KV pool by plan");
+  m.def("block_attention", &block_attention, "many queries over K/V held side by side");
   m.def("merge_states", &merge_states, "softmax states of attention parts merged by lse");
   m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x, float32 out");
   m.def("pack_panels", &pack_panels, "a float32 or bfloat16 weight packed for panel_linear");
@@ -290,6 +307,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += x (if given), then weight * rms_norm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("rope_inplace", &rope_inplace, "rotary embedding applied in place");
-  m.def("softmax_rows", &softmax_rows, "rows to their softmax in place; returns their lse");
   m.def("matching_prefix", &matching_prefix, "Agreeing bytes of key[pos:] and edge");
 }

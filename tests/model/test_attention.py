@@ -95,10 +95,12 @@ def test_decode_batches(lens, dtype, backend_cls):
 
 
 @pytest.mark.skipif(not native_available(), reason="native kernels did not build")
+@pytest.mark.parametrize("native", [True, False], ids=["native-block", "flash"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_prompt_over_itself_in_a_dense_block(monkeypatch, dtype):
-    """Whether this CPU sends long prompts to torch's flash kernel or not, that path holds."""
+def test_a_prompt_over_itself_in_a_dense_block(monkeypatch, native, dtype):
+    """Whichever kernel this CPU sends long prompts to, both paths hold."""
     monkeypatch.setattr(dense_blocks, "self_min_tokens", lambda dtype: 1024)
+    monkeypatch.setattr(dense_blocks, "native_blocks", lambda dtype: native)
     calls = []
     run_self = native_backend.run_self
     monkeypatch.setattr(native_backend, "run_self", lambda *a: calls.append(1) or run_self(*a))
