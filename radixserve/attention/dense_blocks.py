@@ -57,9 +57,9 @@ _FLOAT32_SELF = 2048 if torch.backends.cpu.get_cpu_capability() == "AVX512" else
 
 
 # New tokens from which an extend attends over itself in the native block kernel where that
-# takes the dense blocks (``native_blocks``): a prompt's 30 layers over itself at 256 tokens
-# 0.62 ms a layer against the paged kernel's 0.71, at 540 1.7 against 2.3 (AMD EPYC).
-_NATIVE_SELF = 256
+# takes the dense blocks (``native_blocks``): against the paged kernel a layer took 5.2 ms
+# against 5.6 at 1,088 tokens, 1.56 against 1.69 at 540, a tie in the engine (AMD EPYC).
+_NATIVE_SELF = 1024
 
 
 def native_blocks(dtype: torch.dtype) -> bool:
@@ -199,10 +199,14 @@ def run_shared(
 def run_shared_native(
     block: SharedBlock, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float
 ) -> Part:
-    """``run_shared`` in the native block kernel, in float32 (bfloat16 q and K/V widened)."""
-    out, lse = load_native().block_attention(
-        q[block.tokens].float(), k_pool[block.slots].float(), v_pool[block.slots].float(), scale, -1
-    )
+    """``run_shared`` in the native block kernel: float32 q and pools read in place,
+    bfloat16 ones gathered and widened."""
+    kernel = load_native().block_attention
+    if q.dtype == torch.float32:
+        out, lse = kernel(q, block.tokens, k_pool, v_pool, block.slots, scale, -1)
+    else:
+        k, v = k_pool[block.slots].float(), v_pool[block.slots].float()
+        out, lse = kernel(q[block.tokens].float(), None, k, v, None, scale, -1)
     return Part(block.tokens, out, lse)
 
 
@@ -210,9 +214,10 @@ def run_self(
     block: SelfBlock, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> Part:
     tokens = block.tokens
-    if native_blocks(q.dtype):  # one call a request, in float32
+    if native_blocks(q.dtype):  # one call a request, each reading the batch's rows in place
         kernel = load_native().block_attention
-        parts = [kernel(q[t].float(), k[t].float(), v[t].float(), scale, 0) for t in tokens]
+        q, k, v = q.float(), k.float(), v.float()
+        parts = [kernel(q, t, k, v, t, scale, 0) for t in tokens]
         out, lse = (torch.cat(x) for x in zip(*parts, strict=True))
         return Part(tokens.reshape(-1), out, lse)
     b, n, heads, dim = len(tokens), block.length, q.shape[1], q.shape[2]

@@ -66,30 +66,56 @@ std::vector<torch::Tensor> paged_attention(torch::Tensor q, torch::Tensor k_pool
   return {out, lse};
 }
 
-// q [tokens, heads, head_dim] over k, v [keys, kv_heads, head_dim] held side by side (float32):
-// (out [tokens, heads, head_dim], lse [tokens, heads]) float32. causal_offset < 0: every key
-// visible; else token t sees the first causal_offset + t + 1.
-std::vector<torch::Tensor> block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                                           double scale, int64_t causal_offset) {
+// Rows of an int64 index into a dimension of `size` (None: none), checked.
+const int64_t* rows_of(const std::optional<torch::Tensor>& rows, int64_t size, const char* name) {
+  if (!rows) return nullptr;
+  check_index(*rows, name);
+  const int64_t* r = rows->data_ptr<int64_t>();
+  TORCH_CHECK(std::all_of(r, r + rows->numel(), [&](int64_t x) { return 0 <= x && x < size; }),
+              name, " names a row outside its tensor");
+  return r;
+}
+
+// Float32 q [rows, heads, head_dim] (tokens: q_rows, or every row) over k, v [rows, kv_heads,
+// head_dim] (keys: key_rows, or every row), read in place: (out [tokens, heads, head_dim],
+// lse [tokens, heads]). causal_offset < 0: every key visible; else token t sees the first
+// causal_offset + t + 1 (block_attention.h).
+std::vector<torch::Tensor> block_attention(torch::Tensor q, std::optional<torch::Tensor> q_rows,
+                                           torch::Tensor k, torch::Tensor v,
+                                           std::optional<torch::Tensor> key_rows, double scale,
+                                           int64_t causal_offset) {
   for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
-    TORCH_CHECK(t->dim() == 3 && t->scalar_type() == torch::kFloat32 && t->is_contiguous() &&
-                    t->device().is_cpu(),
-                name, " must be a contiguous float32 CPU tensor of three dimensions");
+    TORCH_CHECK(t->dim() == 3 && t->scalar_type() == torch::kFloat32 && t->device().is_cpu() &&
+                    t->stride(2) == 1 && t->stride(1) == t->size(2),
+                name, " must be a float32 CPU tensor [rows, heads, head_dim] whose rows are "
+                "contiguous");
   }
-  TORCH_CHECK(k.sizes() == v.sizes() && q.size(2) == k.size(2) && k.size(1) > 0 &&
-                  q.size(1) % k.size(1) == 0,
-              "q must be [tokens, heads, head_dim], k and v [keys, kv_heads, head_dim], heads "
-              "a multiple of kv_heads");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides() && q.size(2) == k.size(2) &&
+                  k.size(1) > 0 && q.size(1) % k.size(1) == 0,
+              "q must be [rows, heads, head_dim], k and v [rows, kv_heads, head_dim] alike, "
+              "heads a multiple of kv_heads");
   TORCH_CHECK(q.size(2) % radixserve::block_attention_dim_multiple() == 0, "head_dim must be a ",
               "multiple of ", radixserve::block_attention_dim_multiple(), " here");
-  auto out = torch::empty_like(q);
-  auto lse = torch::empty({q.size(0), q.size(1)}, q.options());
+  const radixserve::BlockInput in{
+      q.data_ptr<float>(),
+      q.stride(0),
+      rows_of(q_rows, q.size(0), "q_rows"),
+      q_rows ? q_rows->numel() : q.size(0),
+      q.size(1),
+      k.data_ptr<float>(),
+      v.data_ptr<float>(),
+      k.stride(0),
+      rows_of(key_rows, k.size(0), "key_rows"),
+      key_rows ? key_rows->numel() : k.size(0),
+      k.size(1),
+      k.size(2),
+      static_cast<float>(scale),
+      causal_offset};
+  auto out = torch::empty({in.tokens, in.heads, in.head_dim}, q.options());
+  auto lse = torch::empty({in.tokens, in.heads}, q.options());
   {
     pybind11::gil_scoped_release no_gil;
-    radixserve::block_attention(q.data_ptr<float>(), q.size(0), q.size(1), k.data_ptr<float>(),
-                                v.data_ptr<float>(), k.size(0), k.size(1), k.size(2),
-                                static_cast<float>(scale), causal_offset, out.data_ptr<float>(),
-                                lse.data_ptr<float>());
+    radixserve::block_attention(in, out.data_ptr<float>(), lse.data_ptr<float>());
   }
   return {out, lse};
 }

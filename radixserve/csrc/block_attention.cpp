@@ -41,14 +41,19 @@ typedef float VecU __attribute__((vector_size(sizeof(Vec)), aligned(4), may_alia
 inline Vec loadv(const float* p) { return *reinterpret_cast<const VecU*>(p); }
 inline void storev(float* p, Vec v) { *reinterpret_cast<VecU*>(p) = v; }
 
-// Keys [p * kWidth, (p + 1) * kWidth) of one KV head (rows `stride` apart) as a panel
-// [dim][kWidth]; keys past the end are zeros.
-void pack_panel(const float* k, int64_t keys, int64_t stride, int64_t dim, int64_t p,
-                float* panel) {
+// Keys [p * kWidth, (p + 1) * kWidth) of KV head h as a panel [dim][kWidth]; keys past the
+// end are zeros.
+void pack_panel(const BlockInput& in, int64_t h, int64_t p, float* panel) {
+  const int64_t dim = in.head_dim;
   for (int64_t c = 0; c < kWidth; ++c) {
     const int64_t key = p * kWidth + c;
-    const float* src = k + key * stride;
-    for (int64_t d = 0; d < dim; ++d) panel[d * kWidth + c] = key < keys ? src[d] : 0.0f;
+    if (key >= in.keys) {
+      for (int64_t d = 0; d < dim; ++d) panel[d * kWidth + c] = 0.0f;
+      continue;
+    }
+    const int64_t row = in.key_rows ? in.key_rows[key] : key;
+    const float* src = in.k + row * in.kv_stride + h * dim;
+    for (int64_t d = 0; d < dim; ++d) panel[d * kWidth + c] = src[d];
   }
 }
 
@@ -94,14 +99,17 @@ std::pair<float, float> exponentiate(float* row, int64_t n, int64_t zero_to) {
   return {m, sum};
 }
 
-// o[r][d0 : d0 + V * kLanes] = sum over the first n keys of p[r][key] * v[key][same], for R rows.
+// o[r][d0 : d0 + V * kLanes] = sum over the first n keys of p[r][key] * v_key[same], for R
+// rows; key j's values for this KV head start at v + rows[j] * stride (v + j * stride when
+// rows is null).
 template <int R, int V>
-void weigh_values(const float* p, int64_t ld, int64_t n, const float* v, int64_t stride,
-                  int64_t d0, float* o, int64_t dim) {
+void weigh_values(const float* p, int64_t ld, int64_t n, const float* v, const int64_t* rows,
+                  int64_t stride, int64_t d0, float* o, int64_t dim) {
   Vec acc[R][V] = {};
   for (int64_t j = 0; j < n; ++j) {
+    const float* vr = v + (rows ? rows[j] : j) * stride + d0;
     Vec vv[V];
-    for (int u = 0; u < V; ++u) vv[u] = loadv(v + j * stride + d0 + u * kLanes);
+    for (int u = 0; u < V; ++u) vv[u] = loadv(vr + u * kLanes);
     for (int r = 0; r < R; ++r) {
       const Vec pb = Vec{} + p[r * ld + j];
       for (int u = 0; u < V; ++u) acc[r][u] += vv[u] * pb;
@@ -113,46 +121,48 @@ void weigh_values(const float* p, int64_t ld, int64_t n, const float* v, int64_t
 
 template <int R>
 void weigh_values_of(int vecs, const float* p, int64_t ld, int64_t n, const float* v,
-                     int64_t stride, int64_t d0, float* o, int64_t dim) {
+                     const int64_t* rows, int64_t stride, int64_t d0, float* o, int64_t dim) {
   switch (vecs) {
-    case 4: return weigh_values<R, 4>(p, ld, n, v, stride, d0, o, dim);
-    case 3: return weigh_values<R, 3>(p, ld, n, v, stride, d0, o, dim);
-    case 2: return weigh_values<R, 2>(p, ld, n, v, stride, d0, o, dim);
-    default: return weigh_values<R, 1>(p, ld, n, v, stride, d0, o, dim);
+    case 4: return weigh_values<R, 4>(p, ld, n, v, rows, stride, d0, o, dim);
+    case 3: return weigh_values<R, 3>(p, ld, n, v, rows, stride, d0, o, dim);
+    case 2: return weigh_values<R, 2>(p, ld, n, v, rows, stride, d0, o, dim);
+    default: return weigh_values<R, 1>(p, ld, n, v, rows, stride, d0, o, dim);
   }
 }
 
 struct Block {
-  const float* q;
-  int64_t tokens, heads, group;
+  const BlockInput& in;
+  int64_t group;
   const float* panels;  // [kv_heads][n_panels][dim][kWidth]
-  const float* v;
-  int64_t keys, kv_heads, dim, n_panels;
-  float scale;
-  int64_t causal_offset;
+  int64_t n_panels;
   float* out;
   float* lse;
 
   int64_t visible(int64_t token) const {
-    if (causal_offset < 0) return keys;
-    return std::clamp<int64_t>(causal_offset + token + 1, 0, keys);
+    if (in.causal_offset < 0) return in.keys;
+    return std::clamp<int64_t>(in.causal_offset + token + 1, 0, in.keys);
   }
 
   // Rows [r0, r0 + kRows) of KV head h (row = token * group + query head of the group);
   // `buf` holds kRows score rows of n_panels * kWidth, then kRows rows of q and of output.
   void tile(int64_t h, int64_t r0, float* buf) const {
-    const int64_t ld = n_panels * kWidth, rows = tokens * group;
+    const int64_t dim = in.head_dim, ld = n_panels * kWidth, rows = in.tokens * group;
     float* s = buf;
     float* qt = s + kRows * ld;
     float* o = qt + kRows * dim;
     int64_t vis[kRows], dst[kRows];
     int64_t most = 0;
     for (int r = 0; r < kRows; ++r) {
-      const int64_t row = r0 + r, token = row / group;
+      const int64_t row = r0 + r, token = row / group, head = h * group + row % group;
       vis[r] = row < rows ? visible(token) : 0;
-      dst[r] = token * heads + h * group + row % group;
+      dst[r] = token * in.heads + head;
       most = std::max(most, vis[r]);
-      for (int64_t d = 0; d < dim; ++d) qt[r * dim + d] = vis[r] ? q[dst[r] * dim + d] * scale : 0;
+      if (vis[r] == 0) {
+        std::fill(qt + r * dim, qt + (r + 1) * dim, 0.0f);
+        continue;
+      }
+      const float* src = in.q + (in.q_rows ? in.q_rows[token] : token) * in.q_stride + head * dim;
+      for (int64_t d = 0; d < dim; ++d) qt[r * dim + d] = src[d] * in.scale;
     }
     const int64_t used = (most + kWidth - 1) / kWidth;
     scores(qt, dim, panels + h * n_panels * dim * kWidth, used, s, ld);
@@ -161,8 +171,8 @@ struct Block {
     for (int r = 0; r < kRows; r += kOutRows) {
       for (int64_t d0 = 0; d0 < dim; d0 += kOutVecs * kLanes) {
         const int vecs = static_cast<int>(std::min<int64_t>(kOutVecs, (dim - d0) / kLanes));
-        weigh_values_of<kOutRows>(vecs, s + r * ld, ld, most, v + h * dim, kv_heads * dim, d0,
-                                  o + r * dim, dim);
+        weigh_values_of<kOutRows>(vecs, s + r * ld, ld, most, in.v + h * dim, in.key_rows,
+                                  in.kv_stride, d0, o + r * dim, dim);
       }
     }
     for (int r = 0; r < kRows && r0 + r < rows; ++r) {
@@ -178,31 +188,25 @@ struct Block {
 
 int64_t block_attention_dim_multiple() { return kLanes; }
 
-void block_attention(const float* q, int64_t tokens, int64_t heads, const float* k,
-                     const float* v, int64_t keys, int64_t kv_heads, int64_t head_dim,
-                     float scale, int64_t causal_offset, float* out, float* lse) {
-  const int64_t n_panels = (keys + kWidth - 1) / kWidth, stride = kv_heads * head_dim;
-  std::vector<float> panels(kv_heads * n_panels * head_dim * kWidth);
-  at::parallel_for(0, kv_heads * n_panels, 1, [&](int64_t begin, int64_t end) {
+void block_attention(const BlockInput& in, float* out, float* lse) {
+  const int64_t dim = in.head_dim, n_panels = (in.keys + kWidth - 1) / kWidth;
+  std::vector<float> panels(in.kv_heads * n_panels * dim * kWidth);
+  at::parallel_for(0, in.kv_heads * n_panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t h = i / n_panels, p = i % n_panels;
-      pack_panel(k + h * head_dim, keys, stride, head_dim, p,
-                 panels.data() + i * head_dim * kWidth);
+      pack_panel(in, i / n_panels, i % n_panels, panels.data() + i * dim * kWidth);
     }
   });
-  const int64_t group = heads / kv_heads;
-  const Block block{q,    tokens,   heads,    group,    panels.data(), v,     keys,
-                    kv_heads, head_dim, n_panels, scale, causal_offset, out, lse};
-  const int64_t tiles = (tokens * group + kRows - 1) / kRows;
-  const int64_t buf_floats = kRows * (n_panels * kWidth + 2 * head_dim);
-  at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t begin, int64_t end) {
+  const Block block{in, in.heads / in.kv_heads, panels.data(), n_panels, out, lse};
+  const int64_t tiles = (in.tokens * block.group + kRows - 1) / kRows;
+  const int64_t buf_floats = kRows * (n_panels * kWidth + 2 * dim);
+  at::parallel_for(0, in.kv_heads * tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buf(buf_floats);
     for (int64_t i = begin; i < end; ++i) {
       // First, last, second, second to last, ...: a contiguous share of the work holds
       // causal tiles of every length, not only the short or the long ones.
-      const int64_t slot = i / kv_heads;
+      const int64_t slot = i / in.kv_heads;
       const int64_t t = slot % 2 == 0 ? slot / 2 : tiles - 1 - slot / 2;
-      block.tile(i % kv_heads, t * kRows, buf.data());
+      block.tile(i % in.kv_heads, t * kRows, buf.data());
     }
   });
 }

@@ -4,13 +4,14 @@
 // machine's multiply-add rate unused and two GEMM calls with a softmax between them write
 // every score to memory and read it back twice.
 //
-// Layouts (row-major, contiguous, float32):
-//   q     [tokens, heads, head_dim]
-//   k, v  [keys, kv_heads, head_dim]
-//   out   [tokens, heads, head_dim]
-//   lse   [tokens, heads]   natural log of each row's softmax sum over scaled scores
-// Query head h reads KV head h / (heads / kv_heads). Token t sees every key when
-// causal_offset < 0, else the first min(keys, causal_offset + t + 1) (none: out 0, lse -inf).
+// Layouts (float32; each row's heads and head_dim contiguous, rows any stride apart):
+//   q     [rows, heads, head_dim]      token t's queries: row q_rows[t] (row t without it)
+//   k, v  [rows, kv_heads, head_dim]   key j: row key_rows[j] of each (row j without it)
+//   out   [tokens, heads, head_dim]    contiguous
+//   lse   [tokens, heads]              natural log of each row's softmax sum over scaled scores
+// So a pool's slots and a batch's tokens are read in place, with no gather. Query head h
+// reads KV head h / (heads / kv_heads). Token t sees every key when causal_offset < 0, else
+// the first min(keys, causal_offset + t + 1) (none: out 0, lse -inf).
 #pragma once
 
 #include <cstdint>
@@ -20,8 +21,20 @@ namespace radixserve {
 // head_dim must be a multiple of this (the build's float vector width).
 int64_t block_attention_dim_multiple();
 
-void block_attention(const float* q, int64_t tokens, int64_t heads, const float* k,
-                     const float* v, int64_t keys, int64_t kv_heads, int64_t head_dim,
-                     float scale, int64_t causal_offset, float* out, float* lse);
+struct BlockInput {
+  const float* q;
+  int64_t q_stride;       // floats between q rows
+  const int64_t* q_rows;  // [tokens] or null
+  int64_t tokens, heads;
+  const float* k;
+  const float* v;
+  int64_t kv_stride;        // floats between k (and v) rows
+  const int64_t* key_rows;  // [keys] or null
+  int64_t keys, kv_heads, head_dim;
+  float scale;
+  int64_t causal_offset;
+};
+
+void block_attention(const BlockInput& in, float* out, float* lse);
 
 }  // namespace radixserve

@@ -38,18 +38,33 @@ def reference(q, k, v, scale, causal_offset):
     head_dim=st.sampled_from([16, 64, 80, 128]),
     causal_offset=st.integers(-30, 300),
     spread=st.floats(0.1, 20.0),
+    in_place=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_block_attention_matches_softmax_attention(
-    march, tokens, keys, kv_heads, group, head_dim, causal_offset, spread, seed
+    march, tokens, keys, kv_heads, group, head_dim, causal_offset, spread, in_place, seed
 ):
     """Ragged row tiles and key panels, every GQA grouping, causal rows that see no key,
-    some keys or all of them, and scores spread wide enough to test the softmax's range."""
+    some keys or all of them, scores spread wide enough to test the softmax's range, and
+    rows picked by index from wider tensors (as a pool's slots and a batch's tokens are)."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(tokens, kv_heads * group, head_dim, generator=g) * spread
+    heads = kv_heads * group
+    q = torch.randn(tokens, heads, head_dim, generator=g) * spread
     k, v = (torch.randn(keys, kv_heads, head_dim, generator=g) for _ in range(2))
     offset = causal_offset if causal_offset >= -10 else -1  # about a third not causal
-    out, lse = load_native(march).block_attention(q, k, v, head_dim**-0.5, offset)
+    kernel = load_native(march).block_attention
+    if in_place:  # the same values as rows of wider tensors, in shuffled order
+        q_rows, key_rows = torch.randperm(tokens + 9)[:tokens], torch.randperm(keys + 5)[:keys]
+        wide_q = torch.zeros(tokens + 9, heads * head_dim + 7)
+        wide_q[q_rows, : heads * head_dim] = q.reshape(tokens, -1)
+        kv = torch.zeros(keys + 5, 2 * kv_heads * head_dim)
+        kv[key_rows] = torch.cat([k, v], 1).reshape(keys, -1)
+        kv = kv.view(keys + 5, 2 * kv_heads, head_dim)
+        view = wide_q[:, : heads * head_dim].view(tokens + 9, heads, head_dim)
+        args = (view, q_rows, kv[:, :kv_heads], kv[:, kv_heads:], key_rows)
+    else:
+        args = (q, None, k, v, None)
+    out, lse = kernel(*args, head_dim**-0.5, offset)
     ref_out, ref_lse = reference(q, k, v, head_dim**-0.5, offset)
     # float32 scores round by a fixed share of their size, so wide scores move the weights more
     atol = 2e-5 * max(1.0, spread / 4)
@@ -61,11 +76,16 @@ def test_block_attention_refuses_what_it_cannot_read():
     kernel = load_native().block_attention
     q, k = torch.randn(4, 6, 64), torch.randn(5, 4, 64)
     with pytest.raises(RuntimeError, match="multiple of kv_heads"):
-        kernel(q, k, k, 0.125, -1)
+        kernel(q, None, k, k, None, 0.125, -1)
     with pytest.raises(RuntimeError, match="float32"):
-        kernel(q.double(), k[:, :3], k[:, :3], 0.125, -1)
+        kernel(q.double(), None, k[:, :3], k[:, :3], None, 0.125, -1)
     with pytest.raises(RuntimeError, match="head_dim must be a multiple"):
-        kernel(torch.randn(4, 6, 66), torch.randn(5, 3, 66), torch.randn(5, 3, 66), 0.125, -1)
+        q66, k66 = torch.randn(4, 6, 66), torch.randn(5, 3, 66)
+        kernel(q66, None, k66, k66, None, 0.125, -1)
+    with pytest.raises(RuntimeError, match="key_rows names a row outside"):
+        kernel(q, None, k[:, :3], k[:, :3], torch.tensor([0, 5]), 0.125, -1)
+    with pytest.raises(RuntimeError, match="rows are contiguous"):
+        kernel(q.transpose(0, 1), None, k[:, :3], k[:, :3], None, 0.125, -1)
 
 
 def flash(q, k, v, causal):
