@@ -58,7 +58,7 @@ def test_block_attention_matches_softmax_attention(
         wide_q = torch.zeros(tokens + 9, heads * head_dim + 7)
         wide_q[q_rows, : heads * head_dim] = q.reshape(tokens, -1)
         kv = torch.zeros(keys + 5, 2 * kv_heads * head_dim)
-        kv[key_rows] = torch.cat([k, v], 1).reshape(keys, -1)
+        kv[key_rows] = torch.cat([k, v], 1).reshape(keys, 2 * kv_heads * head_dim)
         kv = kv.view(keys + 5, 2 * kv_heads, head_dim)
         view = wide_q[:, : heads * head_dim].view(tokens + 9, heads, head_dim)
         args = (view, q_rows, kv[:, :kv_heads], kv[:, kv_heads:], key_rows)
