@@ -199,14 +199,14 @@ def run_shared(
 def run_shared_native(
     block: SharedBlock, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float
 ) -> Part:
-    """``run_shared`` in the native block kernel: float32 q and pools read in place,
-    bfloat16 ones gathered and widened."""
-    kernel = load_native().block_attention
-    if q.dtype == torch.float32:
-        out, lse = kernel(q, block.tokens, k_pool, v_pool, block.slots, scale, -1)
+    """``run_shared`` in the native block kernel, q and the pools read in place (bfloat16
+    ones gathered and widened where the CPU has no bfloat16 dot products)."""
+    kernels = load_native()
+    if q.dtype == torch.float32 or kernels.bf16_dot():
+        out, lse = kernels.block_attention(q, block.tokens, k_pool, v_pool, block.slots, scale, -1)
     else:
         k, v = k_pool[block.slots].float(), v_pool[block.slots].float()
-        out, lse = kernel(q[block.tokens].float(), None, k, v, None, scale, -1)
+        out, lse = kernels.block_attention(q[block.tokens].float(), None, k, v, None, scale, -1)
     return Part(block.tokens, out, lse)
 
 
@@ -215,9 +215,10 @@ def run_self(
 ) -> Part:
     tokens = block.tokens
     if native_blocks(q.dtype):  # one call a request, each reading the batch's rows in place
-        kernel = load_native().block_attention
-        q, k, v = q.float(), k.float(), v.float()
-        parts = [kernel(q, t, k, v, t, scale, 0) for t in tokens]
+        kernels = load_native()
+        if q.dtype != torch.float32 and not kernels.bf16_dot():
+            q, k, v = q.float(), k.float(), v.float()
+        parts = [kernels.block_attention(q, t, k, v, t, scale, 0) for t in tokens]
         out, lse = (torch.cat(x) for x in zip(*parts, strict=True))
         return Part(tokens.reshape(-1), out, lse)
     b, n, heads, dim = len(tokens), block.length, q.shape[1], q.shape[2]

@@ -41,7 +41,7 @@ def linear_rows_bench(
     nbytes = sum(w.numel() for w in weights) * dtype.itemsize
     kernels = load_native()
     packed = [onednn.pack(w) for w in weights] if can_pack(dtype) else None
-    has_panels = dtype == torch.float32 or (dtype == torch.bfloat16 and kernels.bf16_panels())
+    has_panels = dtype == torch.float32 or (dtype == torch.bfloat16 and kernels.bf16_dot())
     panels = [kernels.pack_panels(w) for w in weights] if has_panels else None
     rows = []
     for n in row_counts:

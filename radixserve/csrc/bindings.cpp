@@ -7,12 +7,18 @@
 #include "merge_states.h"
 #include "panel_linear.h"
 #include "paged_attention.h"
+#include "vec.h"
 
 namespace {
 
 void check_index(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.dtype() == torch::kInt64 && t.is_contiguous() && t.device().is_cpu(), name,
               " must be a contiguous int64 CPU tensor");
+}
+
+template <typename T>
+T* ptr(const torch::Tensor& t) {
+  return reinterpret_cast<T*>(t.data_ptr());
 }
 
 // Returns (out [tokens, heads, head_dim] float32, lse [tokens, heads] float32).
@@ -76,19 +82,22 @@ const int64_t* rows_of(const std::optional<torch::Tensor>& rows, int64_t size, c
   return r;
 }
 
-// Float32 q [rows, heads, head_dim] (tokens: q_rows, or every row) over k, v [rows, kv_heads,
-// head_dim] (keys: key_rows, or every row), read in place: (out [tokens, heads, head_dim],
-// lse [tokens, heads]). causal_offset < 0: every key visible; else token t sees the first
-// causal_offset + t + 1 (block_attention.h).
+// q [rows, heads, head_dim] (tokens: q_rows, or every row) over k, v [rows, kv_heads,
+// head_dim] (keys: key_rows, or every row), read in place, float32 or (with AVX512_BF16)
+// bfloat16: (out [tokens, heads, head_dim], lse [tokens, heads]) float32. causal_offset < 0:
+// every key visible; else token t sees the first causal_offset + t + 1 (block_attention.h).
 std::vector<torch::Tensor> block_attention(torch::Tensor q, std::optional<torch::Tensor> q_rows,
                                            torch::Tensor k, torch::Tensor v,
                                            std::optional<torch::Tensor> key_rows, double scale,
                                            int64_t causal_offset) {
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == torch::kFloat32 || (dtype == torch::kBFloat16 && radixserve::kBf16Dot),
+              "block_attention takes float32, and bfloat16 where the CPU has AVX512_BF16");
   for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
-    TORCH_CHECK(t->dim() == 3 && t->scalar_type() == torch::kFloat32 && t->device().is_cpu() &&
+    TORCH_CHECK(t->dim() == 3 && t->scalar_type() == dtype && t->device().is_cpu() &&
                     t->stride(2) == 1 && t->stride(1) == t->size(2),
-                name, " must be a float32 CPU tensor [rows, heads, head_dim] whose rows are "
-                "contiguous");
+                name, " must be a CPU tensor [rows, heads, head_dim] of q's dtype whose rows "
+                "are contiguous");
   }
   TORCH_CHECK(k.sizes() == v.sizes() && k.strides() == v.strides() && q.size(2) == k.size(2) &&
                   k.size(1) > 0 && q.size(1) % k.size(1) == 0,
@@ -96,26 +105,26 @@ std::vector<torch::Tensor> block_attention(torch::Tensor q, std::optional<torch:
               "heads a multiple of kv_heads");
   TORCH_CHECK(q.size(2) % radixserve::block_attention_dim_multiple() == 0, "head_dim must be a ",
               "multiple of ", radixserve::block_attention_dim_multiple(), " here");
-  const radixserve::BlockInput in{
-      q.data_ptr<float>(),
-      q.stride(0),
-      rows_of(q_rows, q.size(0), "q_rows"),
-      q_rows ? q_rows->numel() : q.size(0),
-      q.size(1),
-      k.data_ptr<float>(),
-      v.data_ptr<float>(),
-      k.stride(0),
-      rows_of(key_rows, k.size(0), "key_rows"),
-      key_rows ? key_rows->numel() : k.size(0),
-      k.size(1),
-      k.size(2),
-      static_cast<float>(scale),
-      causal_offset};
-  auto out = torch::empty({in.tokens, in.heads, in.head_dim}, q.options());
-  auto lse = torch::empty({in.tokens, in.heads}, q.options());
-  {
+  const int64_t* qr = rows_of(q_rows, q.size(0), "q_rows");
+  const int64_t* kr = rows_of(key_rows, k.size(0), "key_rows");
+  const int64_t tokens = q_rows ? q_rows->numel() : q.size(0);
+  auto out = torch::empty({tokens, q.size(1), q.size(2)}, q.options().dtype(torch::kFloat32));
+  auto lse = torch::empty({tokens, q.size(1)}, out.options());
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const radixserve::BlockInput<T> in{
+        ptr<T>(q), q.stride(0), qr, tokens, q.size(1), ptr<T>(k), ptr<T>(v), k.stride(0), kr,
+        key_rows ? key_rows->numel() : k.size(0), k.size(1), k.size(2),
+        static_cast<float>(scale), causal_offset};
     pybind11::gil_scoped_release no_gil;
     radixserve::block_attention(in, out.data_ptr<float>(), lse.data_ptr<float>());
+  };
+  if (dtype == torch::kFloat32) {
+    run(float{});
+  } else {
+#if defined(__AVX512BF16__)
+    run(uint16_t{});
+#endif
   }
   return {out, lse};
 }
@@ -177,7 +186,7 @@ torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
   return y;
 }
 
-// w [out, in] -> its panels (panel_linear.h): float32, or bfloat16 where bf16_panels().
+// w [out, in] -> its panels (panel_linear.h): float32, or bfloat16 where bf16_dot().
 torch::Tensor pack_panels(torch::Tensor w) {
   TORCH_CHECK(w.dim() == 2 && w.device().is_cpu(), "w must be a CPU [out, in] tensor");
   const int64_t width = radixserve::panel_width();
@@ -188,7 +197,7 @@ torch::Tensor pack_panels(torch::Tensor w) {
     radixserve::pack_panels(w.data_ptr<float>(), w.size(0), w.size(1), panels.data_ptr<float>());
     return panels;
   }
-  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && radixserve::bf16_panels(),
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && radixserve::kBf16Dot,
               "panels hold float32 weights, and bfloat16 ones where the CPU has AVX512_BF16; "
               "not ", w.scalar_type(), " here");
 #if defined(__AVX512BF16__)
@@ -234,11 +243,6 @@ void check_rows(const torch::Tensor& t, const char* name, c10::ScalarType dtype)
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype, name, " must be a CPU tensor of ",
               dtype);
   TORCH_CHECK(t.dim() >= 1 && t.stride(-1) == 1, name, "'s last dimension must be contiguous");
-}
-
-template <typename T>
-T* ptr(const torch::Tensor& t) {
-  return reinterpret_cast<T*>(t.data_ptr());
 }
 
 // Calls f(T{}) with T the storage type of dtype: float, or uint16_t for bfloat16's bits.
@@ -329,7 +333,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x, float32 out");
   m.def("pack_panels", &pack_panels, "a float32 or bfloat16 weight packed for panel_linear");
   m.def("panel_linear", &panel_linear, "x @ w.T on w's panels, for a few dozen rows");
-  m.def("bf16_panels", &radixserve::bf16_panels, "whether pack_panels takes bfloat16 here");
+  m.def("bf16_dot", [] { return radixserve::kBf16Dot; },
+        "whether bfloat16 panels and blocks run here (AVX512_BF16)");
   m.def("add_rms_norm", &add_rms_norm, "residual += x (if given), then weight * rms_norm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("rope_inplace", &rope_inplace, "rotary embedding applied in place");

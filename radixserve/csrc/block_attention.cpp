@@ -1,19 +1,30 @@
 // Many queries over one block of keys: see block_attention.h for layouts.
 //
-// Each KV head's keys are packed once into panels of kWidth keys ([head_dim][kWidth]), so a
-// tile of query rows meets a panel as an outer product (the columns of panel_linear.cpp): a
-// few key vectors loaded, a query element broadcast, rows x vectors multiply-adds. A tile's
-// scores (rows x keys) stay in the core's cache through the softmax and the product with V,
-// which runs the same way along head_dim (V rows as they are, a weight broadcast). Tiles are
-// independent, so the threads share them out, light and heavy causal ones interleaved.
+// Each KV head's keys are packed once into panels of kWidth keys, so a tile of query rows
+// meets a panel as an outer product (the columns of panel_linear.cpp): a few key vectors
+// loaded, a query element broadcast, rows x vectors multiply-adds. A tile's scores (rows x
+// keys) stay in the core's cache through the softmax and the product with V, which runs the
+// same way along head_dim (a V row's vectors, a weight broadcast). Tiles are independent, so
+// the threads share them out, light and heavy causal ones interleaved.
+//
+// bfloat16 (with AVX512_BF16) multiplies pairs: q and K in pairs of head_dim positions, the
+// weights and V in pairs of keys (V repacked so), each pair one 32-bit lane of vdpbf16ps,
+// which adds two products to a float32 sum per lane: twice float32's multiply-adds per
+// instruction. The weights are rounded to bfloat16 for their product with V, as torch's
+// flash kernel rounds them; scores, softmax and sums stay float32.
 #include "block_attention.h"
 #include "vec.h"
 
 #include <ATen/Parallel.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace radixserve {
@@ -41,115 +52,146 @@ typedef float VecU __attribute__((vector_size(sizeof(Vec)), aligned(4), may_alia
 inline Vec loadv(const float* p) { return *reinterpret_cast<const VecU*>(p); }
 inline void storev(float* p, Vec v) { *reinterpret_cast<VecU*>(p) = v; }
 
-// Keys [p * kWidth, (p + 1) * kWidth) of KV head h as a panel [dim][kWidth]; keys past the
-// end are zeros.
-void pack_panel(const BlockInput& in, int64_t h, int64_t p, float* panel) {
-  const int64_t dim = in.head_dim;
-  for (int64_t c = 0; c < kWidth; ++c) {
-    const int64_t key = p * kWidth + c;
-    if (key >= in.keys) {
-      for (int64_t d = 0; d < dim; ++d) panel[d * kWidth + c] = 0.0f;
-      continue;
-    }
-    const int64_t row = in.key_rows ? in.key_rows[key] : key;
-    const float* src = in.k + row * in.kv_stride + h * dim;
-    for (int64_t d = 0; d < dim; ++d) panel[d * kWidth + c] = src[d];
+// The values of one product step: float32 lanes, or bfloat16 pairs read as 32-bit lanes.
+template <typename T>
+using Word = std::conditional_t<std::is_same_v<T, float>, float, uint32_t>;
+
+template <typename T>
+const Word<T>* words(const T* p) {
+  return reinterpret_cast<const Word<T>*>(p);
+}
+
+// A vector of words, bits as they are.
+template <typename T>
+inline Vec load_words(const Word<T>* p) {
+  return loadv(reinterpret_cast<const float*>(p));
+}
+
+// acc + a * b lane by lane: float32 multiply-adds, or pairwise bfloat16 dot products.
+template <typename T>
+inline Vec madd(Vec acc, Vec a, Word<T> b) {
+  if constexpr (std::is_same_v<T, float>) {
+    return acc + a * b;
+  } else {
+#if defined(__AVX512BF16__)
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)_mm512_set1_epi32(static_cast<int>(b)));
+#else
+    static_assert(!std::is_same_v<T, T>, "bfloat16 blocks need AVX512_BF16");
+#endif
   }
 }
 
-// s[r][key] = qt[r] . k[key] for kRows rows and the first n_panels panels.
-void scores(const float* qt, int64_t dim, const float* panels, int64_t n_panels, float* s,
-            int64_t ld) {
-  for (int64_t p = 0; p < n_panels; ++p) {
-    const float* w = panels + p * dim * kWidth;
-    Vec acc[kRows][kVecs] = {};
-    for (int64_t d = 0; d < dim; ++d) {
-      Vec kv[kVecs];
-      for (int v = 0; v < kVecs; ++v) kv[v] = loadv(w + d * kWidth + v * kLanes);
-      for (int r = 0; r < kRows; ++r) {
-        const Vec qb = Vec{} + qt[r * dim + d];
-        for (int v = 0; v < kVecs; ++v) acc[r][v] += kv[v] * qb;
-      }
-    }
-    for (int r = 0; r < kRows; ++r)
-      for (int v = 0; v < kVecs; ++v) storev(s + r * ld + p * kWidth + v * kLanes, acc[r][v]);
-  }
-}
+// Lanes of a product step: head_dim positions (pairs of them for bfloat16) for scores, keys
+// (pairs of them) for outputs.
+template <typename T>
+constexpr int64_t kPer = std::is_same_v<T, float> ? 1 : 2;
 
-// The row's first n scores become exp(s - max) and the rest up to `zero_to` zeros; returns
-// (max, sum of the exponentials), (-inf, 0) when n is 0.
-std::pair<float, float> exponentiate(float* row, int64_t n, int64_t zero_to) {
-  std::fill(row + n, row + zero_to, 0.0f);
-  if (n == 0) return {kNegInf, 0.0f};
-  Vec mv = Vec{} + kNegInf;
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes) mv = vmax(mv, loadv(row + c));
-  float m = kNegInf;
-  for (int i = 0; i < kLanes; ++i) m = std::max(m, mv[i]);
-  for (; c < n; ++c) m = std::max(m, row[c]);
-  Vec sv = {};
-  for (c = 0; c + kLanes <= n; c += kLanes) {
-    const Vec e = exp_nonpositive(loadv(row + c) - m);
-    storev(row + c, e);
-    sv += e;
-  }
-  float sum = 0.0f;
-  for (int i = 0; i < kLanes; ++i) sum += sv[i];
-  for (; c < n; ++c) sum += row[c] = std::exp(row[c] - m);
-  return {m, sum};
-}
-
-// o[r][d0 : d0 + V * kLanes] = sum over the first n keys of p[r][key] * v_key[same], for R
-// rows; key j's values for this KV head start at v + rows[j] * stride (v + j * stride when
-// rows is null).
-template <int R, int V>
-void weigh_values(const float* p, int64_t ld, int64_t n, const float* v, const int64_t* rows,
-                  int64_t stride, int64_t d0, float* o, int64_t dim) {
-  Vec acc[R][V] = {};
-  for (int64_t j = 0; j < n; ++j) {
-    const float* vr = v + (rows ? rows[j] : j) * stride + d0;
-    Vec vv[V];
-    for (int u = 0; u < V; ++u) vv[u] = loadv(vr + u * kLanes);
-    for (int r = 0; r < R; ++r) {
-      const Vec pb = Vec{} + p[r * ld + j];
-      for (int u = 0; u < V; ++u) acc[r][u] += vv[u] * pb;
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < V; ++u) storev(o + r * dim + d0 + u * kLanes, acc[r][u]);
-}
-
-template <int R>
-void weigh_values_of(int vecs, const float* p, int64_t ld, int64_t n, const float* v,
-                     const int64_t* rows, int64_t stride, int64_t d0, float* o, int64_t dim) {
-  switch (vecs) {
-    case 4: return weigh_values<R, 4>(p, ld, n, v, rows, stride, d0, o, dim);
-    case 3: return weigh_values<R, 3>(p, ld, n, v, rows, stride, d0, o, dim);
-    case 2: return weigh_values<R, 2>(p, ld, n, v, rows, stride, d0, o, dim);
-    default: return weigh_values<R, 1>(p, ld, n, v, rows, stride, d0, o, dim);
-  }
-}
-
+template <typename T>
 struct Block {
-  const BlockInput& in;
-  int64_t group;
-  const float* panels;  // [kv_heads][n_panels][dim][kWidth]
-  int64_t n_panels;
+  const BlockInput<T>& in;
+  int64_t group, n_panels;
+  const Word<T>* panels;  // [kv_heads][n_panels][dim / kPer][kWidth]: K, by panel
+  const Word<T>* values;  // bfloat16: [kv_heads][keys / 2][dim] (V by key pairs); else null
   float* out;
   float* lse;
+
+  int64_t depth() const { return in.head_dim / kPer<T>; }
+  // Floats between score rows: every panel's keys, and a vector more that the softmax may
+  // zero and the bfloat16 rounding may read past the last visible key.
+  int64_t ld() const { return n_panels * kWidth + kLanes; }
+
+  // Panel p of KV head h's keys; keys past the end are zeros.
+  void pack_panel(int64_t h, int64_t p, Word<T>* panel) const {
+    for (int64_t c = 0; c < kWidth; ++c) {
+      const int64_t key = p * kWidth + c;
+      const Word<T>* src = key < in.keys ? words(row(in.k, key) + h * in.head_dim) : nullptr;
+      for (int64_t d = 0; d < depth(); ++d) panel[d * kWidth + c] = src ? src[d] : Word<T>{};
+    }
+  }
+
+  // Key pair jp of KV head h's values as [dim] pairs (a missing second key reads zero).
+  void pack_values(int64_t h, int64_t jp, Word<T>* dst) const {
+    const T* a = row(in.v, 2 * jp) + h * in.head_dim;
+    const T* b = 2 * jp + 1 < in.keys ? row(in.v, 2 * jp + 1) + h * in.head_dim : nullptr;
+    for (int64_t d = 0; d < in.head_dim; ++d) {
+      const T pair[2] = {a[d], b ? b[d] : T{}};
+      std::memcpy(dst + d, pair, sizeof pair);
+    }
+  }
+
+  // Key `key`'s row of k or v.
+  const T* row(const T* base, int64_t key) const {
+    return base + (in.key_rows ? in.key_rows[key] : key) * in.kv_stride;
+  }
 
   int64_t visible(int64_t token) const {
     if (in.causal_offset < 0) return in.keys;
     return std::clamp<int64_t>(in.causal_offset + token + 1, 0, in.keys);
   }
 
-  // Rows [r0, r0 + kRows) of KV head h (row = token * group + query head of the group);
-  // `buf` holds kRows score rows of n_panels * kWidth, then kRows rows of q and of output.
+  // s[r][key] = scale * qt[r] . k[key] for kRows rows and the first `used` panels.
+  void scores(const T* qt, int64_t used, float* s, int64_t ld) const {
+    const Word<T>* panel = panels;
+    for (int64_t p = 0; p < used; ++p, panel += depth() * kWidth) {
+      Vec acc[kRows][kVecs] = {};
+      for (int64_t d = 0; d < depth(); ++d) {
+        Vec kv[kVecs];
+        for (int v = 0; v < kVecs; ++v) kv[v] = load_words<T>(panel + d * kWidth + v * kLanes);
+        for (int r = 0; r < kRows; ++r) {
+          const Word<T> qb = words(qt + r * in.head_dim)[d];
+          for (int v = 0; v < kVecs; ++v) acc[r][v] = madd<T>(acc[r][v], kv[v], qb);
+        }
+      }
+      for (int r = 0; r < kRows; ++r)
+        for (int v = 0; v < kVecs; ++v)
+          storev(s + r * ld + p * kWidth + v * kLanes, acc[r][v] * in.scale);
+    }
+  }
+
+  // o[r][d0 : d0 + V * kLanes] = sum over the first n keys of w[r][key] * v_key[same], for R
+  // rows: float32 weights against V rows read in place (KV head h's, at v + h * dim), or
+  // bfloat16 weight pairs against the packed key pairs.
+  template <int R, int V>
+  void weigh(const T* w, int64_t ld, int64_t n, int64_t h, int64_t d0, float* o) const {
+    const int64_t dim = in.head_dim;
+    Vec acc[R][V] = {};
+    for (int64_t j = 0; j < n; j += kPer<T>) {
+      const Word<T>* vr;
+      if constexpr (std::is_same_v<T, float>) {
+        vr = words(row(in.v, j) + h * dim) + d0;
+      } else {
+        vr = values + (h * ((in.keys + 1) / 2) + j / 2) * dim + d0;
+      }
+      Vec vv[V];
+      for (int u = 0; u < V; ++u) vv[u] = load_words<T>(vr + u * kLanes);
+      for (int r = 0; r < R; ++r) {
+        const Word<T> wb = words(w + r * ld)[j / kPer<T>];
+        for (int u = 0; u < V; ++u) acc[r][u] = madd<T>(acc[r][u], vv[u], wb);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < V; ++u) storev(o + r * dim + d0 + u * kLanes, acc[r][u]);
+  }
+
+  template <int R>
+  void weigh_of(int vecs, const T* w, int64_t ld, int64_t n, int64_t h, int64_t d0,
+                float* o) const {
+    switch (vecs) {
+      case 4: return weigh<R, 4>(w, ld, n, h, d0, o);
+      case 3: return weigh<R, 3>(w, ld, n, h, d0, o);
+      case 2: return weigh<R, 2>(w, ld, n, h, d0, o);
+      default: return weigh<R, 1>(w, ld, n, h, d0, o);
+    }
+  }
+
+  // Rows [r0, r0 + kRows) of KV head h (row = token * group + query head of the group).
+  // `buf`: kRows score rows of n_panels * kWidth floats, kRows output rows, then kRows rows
+  // of q and (bfloat16) kRows rows of weights, as T.
   void tile(int64_t h, int64_t r0, float* buf) const {
-    const int64_t dim = in.head_dim, ld = n_panels * kWidth, rows = in.tokens * group;
+    const int64_t dim = in.head_dim, ld = this->ld(), rows = in.tokens * group;
     float* s = buf;
-    float* qt = s + kRows * ld;
-    float* o = qt + kRows * dim;
+    float* o = s + kRows * ld;
+    T* qt = reinterpret_cast<T*>(o + kRows * dim);
     int64_t vis[kRows], dst[kRows];
     int64_t most = 0;
     for (int r = 0; r < kRows; ++r) {
@@ -157,22 +199,21 @@ struct Block {
       vis[r] = row < rows ? visible(token) : 0;
       dst[r] = token * in.heads + head;
       most = std::max(most, vis[r]);
-      if (vis[r] == 0) {
-        std::fill(qt + r * dim, qt + (r + 1) * dim, 0.0f);
-        continue;
-      }
-      const float* src = in.q + (in.q_rows ? in.q_rows[token] : token) * in.q_stride + head * dim;
-      for (int64_t d = 0; d < dim; ++d) qt[r * dim + d] = src[d] * in.scale;
+      const T* src = in.q + (in.q_rows ? in.q_rows[token] : token) * in.q_stride + head * dim;
+      if (vis[r]) std::memcpy(qt + r * dim, src, dim * sizeof(T));
+      else std::fill(qt + r * dim, qt + (r + 1) * dim, T{});
     }
     const int64_t used = (most + kWidth - 1) / kWidth;
-    scores(qt, dim, panels + h * n_panels * dim * kWidth, used, s, ld);
+    Block shifted = *this;
+    shifted.panels = panels + h * n_panels * depth() * kWidth;
+    shifted.scores(qt, used, s, ld);
     std::pair<float, float> soft[kRows];
     for (int r = 0; r < kRows; ++r) soft[r] = exponentiate(s + r * ld, vis[r], most);
+    const T* w = weights(s, ld, most, qt + kRows * dim);
     for (int r = 0; r < kRows; r += kOutRows) {
       for (int64_t d0 = 0; d0 < dim; d0 += kOutVecs * kLanes) {
         const int vecs = static_cast<int>(std::min<int64_t>(kOutVecs, (dim - d0) / kLanes));
-        weigh_values_of<kOutRows>(vecs, s + r * ld, ld, most, in.v + h * dim, in.key_rows,
-                                  in.kv_stride, d0, o + r * dim, dim);
+        weigh_of<kOutRows>(vecs, w + r * ld, ld, most, h, d0, o + r * dim);
       }
     }
     for (int r = 0; r < kRows && r0 + r < rows; ++r) {
@@ -182,23 +223,72 @@ struct Block {
       lse[dst[r]] = sum > 0 ? m + std::log(sum) : kNegInf;
     }
   }
+
+  // The weights as the product with V reads them: the scores themselves, or rounded to
+  // bfloat16 (`most` rounded up to a whole pair; the scores past it are zeros).
+  const T* weights(const float* s, int64_t ld, int64_t most, T* w16) const {
+    if constexpr (std::is_same_v<T, float>) {
+      return s;
+    } else {
+#if defined(__AVX512BF16__)
+      for (int r = 0; r < kRows; ++r)
+        for (int64_t c = 0; c < most + 1; c += kLanes) {
+          const __m256bh h = _mm512_cvtneps_pbh(loadv(s + r * ld + c));
+          std::memcpy(w16 + r * ld + c, &h, sizeof h);
+        }
+#endif
+      return w16;
+    }
+  }
+
+  // The row's first n scores become exp(s - max) and the rest up to `zero_to` zeros; returns
+  // (max, sum of the exponentials), (-inf, 0) when n is 0.
+  static std::pair<float, float> exponentiate(float* row, int64_t n, int64_t zero_to) {
+    std::fill(row + n, row + zero_to + 1, 0.0f);  // one on: a pair's second may read it
+    if (n == 0) return {kNegInf, 0.0f};
+    Vec mv = Vec{} + kNegInf;
+    int64_t c = 0;
+    for (; c + kLanes <= n; c += kLanes) mv = vmax(mv, loadv(row + c));
+    float m = kNegInf;
+    for (int i = 0; i < kLanes; ++i) m = std::max(m, mv[i]);
+    for (; c < n; ++c) m = std::max(m, row[c]);
+    Vec sv = {};
+    for (c = 0; c + kLanes <= n; c += kLanes) {
+      const Vec e = exp_nonpositive(loadv(row + c) - m);
+      storev(row + c, e);
+      sv += e;
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < kLanes; ++i) sum += sv[i];
+    for (; c < n; ++c) sum += row[c] = std::exp(row[c] - m);
+    return {m, sum};
+  }
 };
 
-}  // namespace
-
-int64_t block_attention_dim_multiple() { return kLanes; }
-
-void block_attention(const BlockInput& in, float* out, float* lse) {
+template <typename T>
+void run(const BlockInput<T>& in, float* out, float* lse) {
   const int64_t dim = in.head_dim, n_panels = (in.keys + kWidth - 1) / kWidth;
-  std::vector<float> panels(in.kv_heads * n_panels * dim * kWidth);
-  at::parallel_for(0, in.kv_heads * n_panels, 1, [&](int64_t begin, int64_t end) {
+  const int64_t pairs = std::is_same_v<T, float> ? 0 : (in.keys + 1) / 2;
+  Block<T> block{in, in.heads / in.kv_heads, n_panels, nullptr, nullptr, out, lse};
+  std::vector<Word<T>> panels(in.kv_heads * n_panels * block.depth() * kWidth);
+  std::vector<Word<T>> values(in.kv_heads * pairs * dim);
+  const int64_t pack_units = n_panels + pairs;
+  at::parallel_for(0, in.kv_heads * pack_units, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      pack_panel(in, i / n_panels, i % n_panels, panels.data() + i * dim * kWidth);
+      const int64_t h = i / pack_units, u = i % pack_units;
+      if (u < n_panels) {
+        block.pack_panel(h, u, panels.data() + (h * n_panels + u) * block.depth() * kWidth);
+      } else {
+        block.pack_values(h, u - n_panels, values.data() + (h * pairs + u - n_panels) * dim);
+      }
     }
   });
-  const Block block{in, in.heads / in.kv_heads, panels.data(), n_panels, out, lse};
+  block.panels = panels.data();
+  block.values = values.data();
   const int64_t tiles = (in.tokens * block.group + kRows - 1) / kRows;
-  const int64_t buf_floats = kRows * (n_panels * kWidth + 2 * dim);
+  const int64_t ld = block.ld();
+  // scores, outputs, q rows and bfloat16 weights (as floats, rounded up)
+  const int64_t buf_floats = kRows * (ld + dim) + kRows * (dim + ld) * sizeof(T) / 4;
   at::parallel_for(0, in.kv_heads * tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buf(buf_floats);
     for (int64_t i = begin; i < end; ++i) {
@@ -210,5 +300,17 @@ void block_attention(const BlockInput& in, float* out, float* lse) {
     }
   });
 }
+
+}  // namespace
+
+int64_t block_attention_dim_multiple() { return kLanes; }
+
+void block_attention(const BlockInput<float>& in, float* out, float* lse) { run(in, out, lse); }
+
+#if defined(__AVX512BF16__)
+void block_attention(const BlockInput<uint16_t>& in, float* out, float* lse) {
+  run(in, out, lse);
+}
+#endif
 
 }  // namespace radixserve

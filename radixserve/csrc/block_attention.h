@@ -4,7 +4,7 @@
 // machine's multiply-add rate unused and two GEMM calls with a softmax between them write
 // every score to memory and read it back twice.
 //
-// Layouts (float32; each row's heads and head_dim contiguous, rows any stride apart):
+// Layouts (each row's heads and head_dim contiguous, rows any stride apart; out and lse float32):
 //   q     [rows, heads, head_dim]      token t's queries: row q_rows[t] (row t without it)
 //   k, v  [rows, kv_heads, head_dim]   key j: row key_rows[j] of each (row j without it)
 //   out   [tokens, heads, head_dim]    contiguous
@@ -21,20 +21,25 @@ namespace radixserve {
 // head_dim must be a multiple of this (the build's float vector width).
 int64_t block_attention_dim_multiple();
 
+// T: float, or bfloat16 (as uint16_t bits) where the build has AVX512_BF16 (bf16_dot()).
+template <typename T>
 struct BlockInput {
-  const float* q;
-  int64_t q_stride;       // floats between q rows
+  const T* q;
+  int64_t q_stride;       // values between q rows
   const int64_t* q_rows;  // [tokens] or null
   int64_t tokens, heads;
-  const float* k;
-  const float* v;
-  int64_t kv_stride;        // floats between k (and v) rows
+  const T* k;
+  const T* v;
+  int64_t kv_stride;        // values between k (and v) rows
   const int64_t* key_rows;  // [keys] or null
   int64_t keys, kv_heads, head_dim;
   float scale;
   int64_t causal_offset;
 };
 
-void block_attention(const BlockInput& in, float* out, float* lse);
+void block_attention(const BlockInput<float>& in, float* out, float* lse);
+#if defined(__AVX512BF16__)
+void block_attention(const BlockInput<uint16_t>& in, float* out, float* lse);
+#endif
 
 }  // namespace radixserve

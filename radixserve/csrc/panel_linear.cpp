@@ -198,8 +198,6 @@ void tile_bf16_of(int64_t rows, const uint16_t* x, int64_t in, const uint16_t* p
 
 }  // namespace
 
-bool bf16_panels() { return true; }
-
 void pack_panels(const uint16_t* w, int64_t out, int64_t in, uint16_t* panels) {
   const int64_t n_panels = (out + kWidth - 1) / kWidth;
   const int64_t pairs = (in + 1) / 2;
@@ -222,8 +220,6 @@ void panel_linear(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* p
               [&](int64_t n, const uint16_t* xt, const uint16_t* p, uint16_t* yt, int64_t cols,
                   Prefetch& pf) { tile_bf16_of<kRowsMax>(n, xt, in, p, yt, out, cols, pf); });
 }
-#else
-bool bf16_panels() { return false; }
 #endif
 
 }  // namespace radixserve

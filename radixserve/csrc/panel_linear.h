@@ -23,9 +23,8 @@ void pack_panels(const float* w, int64_t out, int64_t in, float* panels);
 void panel_linear(const float* x, int64_t rows, int64_t in, const float* panels, int64_t out,
                   float* y);
 
-// bfloat16 (as uint16_t bits) where the build has AVX512_BF16's dot products: panels
-// [ceil(out / width), ceil(in / 2), width, 2] (input positions in pairs), y in bfloat16.
-bool bf16_panels();
+// bfloat16 (as uint16_t bits) where the build has AVX512_BF16's dot products (kBf16Dot):
+// panels [ceil(out / width), ceil(in / 2), width, 2] (input positions in pairs), y in bfloat16.
 #if defined(__AVX512BF16__)
 void pack_panels(const uint16_t* w, int64_t out, int64_t in, uint16_t* panels);
 void panel_linear(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* panels,

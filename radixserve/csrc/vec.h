@@ -12,6 +12,14 @@ typedef float f8 __attribute__((vector_size(32)));
 typedef int32_t i8 __attribute__((vector_size(32)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
+// Whether this build multiplies bfloat16 pairs into float32 sums (AVX512_BF16's vdpbf16ps):
+// bfloat16 weight panels and attention blocks need it.
+#if defined(__AVX512BF16__)
+constexpr bool kBf16Dot = true;
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
 // Sixteen-float vectors, where the CPU has AVX-512 (kernels that pick their width use them).
 #ifdef __AVX512F__
 typedef float f16v __attribute__((vector_size(64)));

@@ -128,7 +128,7 @@ def pack(weight: torch.Tensor) -> PackedWeight | None:
     kernels = load_native()
     panels = None
     if kernels is not None and (
-        weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and kernels.bf16_panels())
+        weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and kernels.bf16_dot())
     ):
         panels = kernels.pack_panels(weight.detach())
     blocked = onednn.pack(weight) if can_pack(weight.dtype) else None

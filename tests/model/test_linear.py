@@ -241,7 +241,7 @@ def test_bfloat16_panels_round_as_torch_does(march, rows, n_in, n_out, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, n_in, generator=g).bfloat16()
     w = torch.randn(n_out, n_in, generator=g).bfloat16()
-    if not kernels.bf16_panels():
+    if not kernels.bf16_dot():
         with pytest.raises(RuntimeError, match="AVX512_BF16"):
             kernels.pack_panels(w)
         return
