@@ -8,11 +8,14 @@ library, times ``generate`` wave by wave, and writes the timings back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -51,11 +54,23 @@ def run_vllm(
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             "VLLM_CPU_KVCACHE_SPACE": "4",
         }
-        proc = subprocess.run(
-            [python, __file__, str(src), str(dst)], env=env, capture_output=True, text=True
-        )
+        # its own process group, so that vLLM's workers go with it whatever happens here;
+        # its log in a file, which a worker still holding it cannot keep open-ended
+        log = Path(tmp) / "stderr.txt"
+        with log.open("w") as err:
+            proc = subprocess.Popen(
+                [python, __file__, str(src), str(dst)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+            )
+            try:
+                proc.wait()
+            finally:
+                _kill_group(proc.pid)
         if proc.returncode != 0:
-            raise RuntimeError(f"vLLM run failed:\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"vLLM run failed:\n{log.read_text()[-3000:]}")
         result = json.loads(dst.read_text())
     prompt = workload.prompt_tokens
     outputs = sum(r.max_tokens for r in workload.requests)
@@ -71,7 +86,21 @@ def run_vllm(
     }
 
 
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _die_with(parent: int) -> None:
+    """Kill this process group (vLLM's workers ignore SIGTERM) once ``parent`` is gone: a
+    benchmark killed outright runs no cleanup of its own."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    _kill_group(os.getpgid(0))
+
+
 def _main(src: str, dst: str) -> None:
+    threading.Thread(target=_die_with, args=(os.getppid(),), daemon=True).start()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -2,9 +2,14 @@
 ``vllm`` package (vLLM itself is never a test dependency) checks that protocol end to end:
 the checkpoint directory, the block size, token prompts wave by wave, greedy settings."""
 
+import contextlib
 import json
+import os
+import signal
 import sys
 import textwrap
+import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -72,3 +77,55 @@ def test_run_vllm_speaks_the_json_protocol(tmp_path, monkeypatch):
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(calls) == 3  # a warm-up, then one generate per wave
     assert calls[-1][-1] == [33, 4, 0, True]
+
+
+STUBBORN_WORKER = """
+import os, subprocess, sys
+
+SamplingParams = dict
+
+class LLM:
+    def __init__(self, *args, **kwargs):  # a worker that ignores SIGTERM, as vLLM's do
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+        worker = subprocess.Popen([sys.executable, "-c", code])
+        open(os.environ["FAKE_VLLM_WORKER"], "w").write(str(worker.pid))
+        raise RuntimeError("the engine failed after starting its worker")
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has stopped; only its parent's reaping is left
+
+
+def test_a_failed_vllm_run_leaves_no_worker_behind(tmp_path, monkeypatch):
+    pkg = tmp_path / "site" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(textwrap.dedent(STUBBORN_WORKER))
+    (pkg / "inputs.py").write_text("TokensPrompt = dict\n")
+    pid_file = tmp_path / "worker.pid"
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    monkeypatch.setenv("FAKE_VLLM_WORKER", str(pid_file))
+    work = Workload("w", "test", [Request(np.arange(3, 10, dtype=np.int32), 2)])
+    errors = []
+
+    def run():
+        try:
+            run_vllm(sys.executable, "tiny", work, page_size=16)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    worker = int(pid_file.read_text())
+    try:
+        assert not thread.is_alive(), "the run waited on its worker"
+        assert errors and "the engine failed" in errors[0]
+        assert not _running(worker)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
