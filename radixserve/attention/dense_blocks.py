@@ -182,6 +182,13 @@ def run_shared(
 ) -> Part:
     if native_blocks(q.dtype):
         return run_shared_native(block, q, k_pool, v_pool, scale)
+    return run_shared_flash(block, q, k_pool, v_pool, scale)
+
+
+def run_shared_flash(
+    block: SharedBlock, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float
+) -> Part:
+    """``run_shared`` in torch's flash kernel, the block's K/V gathered."""
     n, heads, dim = len(block.tokens), q.shape[1], q.shape[2]
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads

@@ -2,7 +2,9 @@
 machine's memory bandwidth.
 
 One attention layer of a model's shape over a KV pool whose pages are scattered at random,
-as a long-running server's are; the few-row linear kernel over a decode step's projections
+as a long-running server's are (decodes, extends, a decode group's cascade, and a prefix
+group's prompts over their shared path: torch's flash kernel against the native block
+kernel); the few-row linear kernel over a decode step's projections
 of every decoder layer (so the weights come from memory, as in a real step); the tree's
 walk with and without the native scan. Calls alternate and the medians are kept; each
 case's limit is the bytes it must read at a read-only probe's bandwidth, measured beside it.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -24,6 +27,7 @@ from radixserve.attention import (
     PrefixGroup,
     TorchAttentionBackend,
 )
+from radixserve.attention.dense_blocks import SharedBlock, run_shared_flash, run_shared_native
 from radixserve.bench import plots
 from radixserve.bench.linear_bench import LINEAR_TABLE, linear_rows_bench
 from radixserve.bench.rates import BandwidthProbe
@@ -54,6 +58,9 @@ class KernelBenchConfig:
     cascade_batch: int = 32
     cascade_prefix: int = 2048
     cascade_suffix: int = 64
+    # a shared block: 31 prompts of 64 tokens over a 1,024-token prefix (issue 20's extend)
+    block_queries: int = 31 * 64
+    block_keys: int = 1024
     linear_rows: tuple[int, ...] = (1, 8, 16, 24, 32, 48, 64)
     linear_layers: int | None = None  # decoder layers' weights to run over (None: the model's)
     matcher_tree_tokens: int = 1_000_000
@@ -64,7 +71,7 @@ class KernelBenchConfig:
 
 
 def num_steps(cfg: KernelBenchConfig) -> int:
-    attention = len(cfg.batches) * len(cfg.contexts) + len(cfg.extends) + 1
+    attention = len(cfg.batches) * len(cfg.contexts) + len(cfg.extends) + 2
     return (attention + len(cfg.linear_rows)) * len(cfg.dtypes) + 1
 
 
@@ -85,6 +92,8 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dic
             step(f"extend {dtype} {batch}x({prefix}+{new})")
         rows.append(shape.cascade(probe, cfg))
         step(f"cascade {dtype}")
+        rows.append(shape.shared_block(probe, cfg))
+        step(f"shared block {dtype}")
     linear = []
     for dtype in cfg.dtypes:
         linear += linear_rows_bench(
@@ -171,6 +180,21 @@ class _Shape:
             "speedup": times["plain"] / times["native"],
         }
 
+    def shared_block(self, probe: BandwidthProbe, cfg) -> dict:
+        """Many queries over one path of the pool, every key visible to every query."""
+        n, keys = cfg.block_queries, cfg.block_keys
+        pool, slots = self.pool(keys, np.random.default_rng(cfg.seed))
+        block = SharedBlock(torch.arange(n), torch.from_numpy(slots[:keys]))
+        q = torch.randn(n, self.heads, self.head_dim).to(self.dtype)
+        args = (block, q, pool.k[0], pool.v[0], self.head_dim**-0.5)
+        calls = {
+            "torch": partial(run_shared_flash, *args),
+            "native": partial(run_shared_native, *args),
+            "read": probe.read,
+        }
+        times = _alternate(calls, cfg.reps)
+        return self._row("block", f"{n} x {keys} shared", times, probe, keys)
+
     def _compare(
         self, pool: KVPool, reqs: list[ExtendRequest], probe: BandwidthProbe, reps: int
     ) -> dict[str, float]:
@@ -248,6 +272,8 @@ QUICK = {
     "cascade_batch": 4,
     "cascade_prefix": 300,
     "cascade_suffix": 8,
+    "block_queries": 40,
+    "block_keys": 100,
     "linear_rows": (1, 5),
     "linear_layers": 2,
     "matcher_tree_tokens": 20_000,

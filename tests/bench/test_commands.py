@@ -173,7 +173,7 @@ def test_bench_kernels_command_writes_json_and_plot(tmp_path, capsys):
     args = ["bench", "kernels", "--quick", "--dtypes", "float32", "--json", str(out)]
     assert main([*args, "--plot", str(png)]) == 0
     data = json.loads(out.read_text())
-    assert {r["kernel"] for r in data["rows"]} == {"decode", "extend", "cascade"}
+    assert {r["kernel"] for r in data["rows"]} == {"decode", "extend", "cascade", "block"}
     assert len(data["matcher"]) == 2
     assert [r["case"] for r in data["linear"]] == ["1 rows x 2 layers", "5 rows x 2 layers"]
     for r in data["linear"]:
