@@ -129,9 +129,9 @@ struct Block {
     return std::clamp<int64_t>(in.causal_offset + token + 1, 0, in.keys);
   }
 
-  // s[r][key] = scale * qt[r] . k[key] for kRows rows and the first `used` panels.
-  void scores(const T* qt, int64_t used, float* s, int64_t ld) const {
-    const Word<T>* panel = panels;
+  // s[r][key] = scale * qt[r] . k[key] for kRows rows and the first `used` of one KV head's
+  // panels.
+  void scores(const T* qt, const Word<T>* panel, int64_t used, float* s, int64_t ld) const {
     for (int64_t p = 0; p < used; ++p, panel += depth() * kWidth) {
       Vec acc[kRows][kVecs] = {};
       for (int64_t d = 0; d < depth(); ++d) {
@@ -199,14 +199,15 @@ struct Block {
       vis[r] = row < rows ? visible(token) : 0;
       dst[r] = token * in.heads + head;
       most = std::max(most, vis[r]);
+      if (vis[r] == 0) {  // past the last token (no q row to read), or seeing no key
+        std::fill(qt + r * dim, qt + (r + 1) * dim, T{});
+        continue;
+      }
       const T* src = in.q + (in.q_rows ? in.q_rows[token] : token) * in.q_stride + head * dim;
-      if (vis[r]) std::memcpy(qt + r * dim, src, dim * sizeof(T));
-      else std::fill(qt + r * dim, qt + (r + 1) * dim, T{});
+      std::memcpy(qt + r * dim, src, dim * sizeof(T));
     }
     const int64_t used = (most + kWidth - 1) / kWidth;
-    Block shifted = *this;
-    shifted.panels = panels + h * n_panels * depth() * kWidth;
-    shifted.scores(qt, used, s, ld);
+    scores(qt, panels + h * n_panels * depth() * kWidth, used, s, ld);
     std::pair<float, float> soft[kRows];
     for (int r = 0; r < kRows; ++r) soft[r] = exponentiate(s + r * ld, vis[r], most);
     const T* w = weights(s, ld, most, qt + kRows * dim);
