@@ -53,7 +53,10 @@ class Attention(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         batch: ForwardBatch,
         backend: AttentionBackend,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Every token's output, or with ``keep`` only those tokens' (all of them still
+        attend and write their K/V)."""
         n = x.shape[0]
         # q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim]
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
@@ -63,7 +66,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope_(q, *cos_sin), rope_(k, *cos_sin)
         out = backend.forward(self.layer, q, k, v, batch)
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        if keep is not None:
+            out = out[keep]
+        return self.o_proj(out.reshape(len(out), self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -85,14 +90,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, residual, cos_sin, batch, backend) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x, residual, cos_sin, batch, backend, keep=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(this layer's MLP output, the residual stream before it)``: each layer adds the
-        previous one's output to the stream inside its first norm."""
+        previous one's output to the stream inside its first norm. ``keep``: the tokens whose
+        outputs are wanted (the rest only leave their K/V)."""
         if residual is None:
             residual, h = x, self.input_layernorm(x)
         else:
             h = self.input_layernorm(x, residual)
-        h = self.self_attn(h, cos_sin, batch, backend)
+        h = self.self_attn(h, cos_sin, batch, backend, keep)
+        if keep is not None:
+            residual = residual[keep]
         return self.mlp(self.post_attention_layernorm(h, residual)), residual
 
 
@@ -154,11 +164,15 @@ class LlamaForCausalLM(nn.Module):
         backend.prepare(batch)
         x = self.model.embed_tokens(batch.input_ids)
         cos_sin = self.rotary.cos_sin(batch.positions, x.dtype)
-        residual = None
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, cos_sin, batch, backend)
         last_index = torch.cumsum(torch.tensor(batch.extend_lens, device=x.device), 0) - 1
+        # Only each request's last token reaches the logits: past the last layer's attention
+        # (o_proj, MLP; ~3% of a prefill's multiply-adds in bench-135m) the others are dropped.
+        every_token = batch.return_all_logits or len(last_index) == len(x)
+        residual, layers = None, self.model.layers
+        for i, layer in enumerate(layers):
+            keep = None if every_token or i < len(layers) - 1 else last_index
+            x, residual = layer(x, residual, cos_sin, batch, backend, keep)
         if batch.return_all_logits:
             every = self.logits(self.model.norm(x, residual))
             return Logits(every[last_index], every)
-        return Logits(self.logits(self.model.norm(x[last_index], residual[last_index])))
+        return Logits(self.logits(self.model.norm(x, residual)))
