@@ -15,7 +15,14 @@ from torch import nn
 from radixserve.attention import AttentionBackend, ForwardBatch
 from radixserve.model.config import ModelConfig
 from radixserve.model.fused import rms_norm, rope_, silu_mul
-from radixserve.model.linear import Linear, PackedWeight, pack, pack_weights, packed_linear
+from radixserve.model.linear import (
+    FusedLinear,
+    Linear,
+    PackedWeight,
+    pack,
+    pack_weights,
+    packed_linear,
+)
 from radixserve.model.rope import RotaryEmbedding
 
 
@@ -47,6 +54,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
+    # q, k and v's projections as one product once the weights are packed, else None
+    qkv: FusedLinear | None = None
+
     def forward(
         self,
         x: torch.Tensor,
@@ -58,10 +68,14 @@ class Attention(nn.Module):
         """Every token's output, or with ``keep`` only those tokens' (all of them still
         attend and write their K/V)."""
         n = x.shape[0]
+        if self.qkv is not None:
+            q, k, v = self.qkv(x)  # views of one product: rows are strided
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         # q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope_(q, *cos_sin), rope_(k, *cos_sin)
@@ -78,8 +92,15 @@ class MLP(nn.Module):
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
+    # gate and up's projections as one product once the weights are packed, else None
+    gate_up: FusedLinear | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(silu_mul(gate, up))
 
 
 class DecoderLayer(nn.Module):
@@ -139,9 +160,16 @@ class LlamaForCausalLM(nn.Module):
     output_packed: PackedWeight | None = None
 
     def pack_weights(self) -> int:
-        """Pack every projection and the output weight for their faster paths
-        (``linear.pack_weights``); returns the bytes that adds."""
-        added = pack_weights(self)
+        """Fuse each layer's q/k/v and gate/up projections, and pack every projection and
+        the output weight for their faster paths (``linear.pack_weights``); returns the
+        bytes that adds."""
+        added = 0
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
+            mlp.gate_up = FusedLinear([mlp.gate_proj, mlp.up_proj])
+            added += sum(f.packed.nbytes for f in (attn.qkv, mlp.gate_up) if f.packed)
+        added += pack_weights(self)
         if self.config.tie_word_embeddings and (packed := pack(self.output_weight)) is not None:
             self.output_packed = packed
             added += packed.nbytes

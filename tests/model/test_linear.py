@@ -11,6 +11,7 @@ from radixserve.model.linear import (
     NATIVE_BF16_ROWS,
     NATIVE_ROWS,
     PANEL_MAX_ROWS,
+    FusedLinear,
     Linear,
     linear,
     packed_linear,
@@ -249,3 +250,26 @@ def test_bfloat16_panels_round_as_torch_does(march, rows, n_in, n_out, seed):
     assert got.dtype == torch.bfloat16 and got.shape == (rows, n_out)
     exact = F.linear(x.double(), w.double())
     torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 20, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_projections_give_each_parts_output_and_store_nothing_twice(rows, bias):
+    torch.manual_seed(0)
+    parts = [Linear(64, n, bias=bias) for n in (64, 16, 16)]
+    x = torch.randn(rows, 64)
+    with torch.no_grad():
+        expected = [F.linear(x, p.weight, p.bias) for p in parts]
+        fused = FusedLinear(parts)
+        outs = fused(x)
+    for out, want, part in zip(outs, expected, parts, strict=True):
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        # the part's weight is a view of the fused one's rows: stored once
+        assert part.fused and part.weight.untyped_storage().data_ptr() == (
+            fused.weight.untyped_storage().data_ptr()
+        )
+
+
+def test_fused_projections_refuse_a_bias_on_some_parts_only():
+    with pytest.raises(ValueError, match="bias"):
+        FusedLinear([Linear(8, 8, bias=True), Linear(8, 8, bias=False)])

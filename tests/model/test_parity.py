@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixserve.csrc import onednn
+from radixserve.csrc import native_available, onednn
 from radixserve.model import load_model
 
 from .conftest import ARCHS, save_hf_model
@@ -148,6 +148,9 @@ def test_weights_packed_for_onednn_give_the_same_logits(hf_models, monkeypatch, 
     assert model.pack_weights() > 0
     linears = [m for m in model.modules() if isinstance(m, linear.Linear)]
     assert linears and all(m.packed is not None for m in linears)
+    # q/k/v and gate/up: fused, with panels for few rows where the native kernels build
+    fused = [f for layer in model.model.layers for f in (layer.self_attn.qkv, layer.mlp.gate_up)]
+    assert all(f is not None and (f.packed is not None) == native_available() for f in fused)
     assert (model.output_packed is not None) == (arch == "llama")  # qwen2's is a Linear
     runner = PagedRunner(loaded, 16)
     ids = prompt(45, seed=3)  # past PACKED_MIN_ROWS: projections and logits run packed
