@@ -45,7 +45,7 @@ SECTIONS = (
         "serving_vllm",
         "Against vLLM — `radixserve bench serving --configs radix-lpm vllm`",
         "radixserve bench serving --workload few-shot shared-system-prompt multi-turn-chat rag "
-        "--configs radix-lpm vllm --vllm-python PEER_VENV/bin/python --rounds 2 "
+        "--configs radix-lpm vllm --vllm-python PEER_VENV/bin/python --rounds 3 "
         "--json docs/bench_serving_vllm.json",
         SERVING,
     ),
@@ -53,8 +53,8 @@ SECTIONS = (
         "speed",
         "Issue 20's workload against vLLM, cold and warm — `radixserve bench serving`",
         "radixserve bench serving --workload long-prefix --configs radix-lpm vllm "
-        "--vllm-python PEER_VENV/bin/python --max-tokens 32 --rounds 2 "
-        "[--warm] [--dtype bfloat16] --json docs/bench_speed.json",
+        "--vllm-python PEER_VENV/bin/python --max-tokens 32 --rounds 3 (cold), 2 (--warm) "
+        "[--dtype bfloat16] --json docs/bench_speed.json",
         SERVING,
     ),
     Section(
