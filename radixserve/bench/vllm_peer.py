@@ -86,9 +86,26 @@ def run_vllm(
     }
 
 
-def _kill_group(pgid: int) -> None:
+def _kill_group(pgid: int, wait_s: float = 10.0) -> None:
+    """SIGKILL the group and wait (up to ``wait_s``) until none of it still runs: the signal
+    lands asynchronously, and the workers are not our children to wait for."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while _group_running(pgid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` runs (zombies do not: only their reaping is left,
+    which falls to whoever adopted them)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            # after the command's closing parenthesis: state, ppid, pgrp
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if int(pgrp) == pgid and state != "Z":
+                return True
+    return False
 
 
 def _die_with(parent: int) -> None:
