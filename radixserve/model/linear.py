@@ -95,7 +95,8 @@ class PackedWeight:
 class Linear(nn.Linear):
     """Same parameters and names as ``nn.Linear``, so checkpoints load unchanged. ``packed``:
     the weight again in its fast paths' layouts (``pack_weights``), or None; ``fused``: its
-    rows belong to a ``FusedLinear``, which packs them."""
+    weight is rows of a ``FusedLinear``'s, whose panels serve its few-row products (its own
+    pack is oneDNN's layout alone)."""
 
     packed: PackedWeight | None = None
     fused: bool = False
