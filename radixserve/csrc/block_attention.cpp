@@ -102,6 +102,13 @@ struct Block {
 
   // Panel p of KV head h's keys; keys past the end are zeros.
   void pack_panel(int64_t h, int64_t p, Word<T>* panel) const {
+    // pool rows are scattered: ask for the next panel's now, while this one is packed
+    for (int64_t c = 0; c < kWidth; ++c) {
+      const int64_t key = (p + 1) * kWidth + c;
+      if (key >= in.keys) break;
+      const char* next = reinterpret_cast<const char*>(row(in.k, key) + h * in.head_dim);
+      for (int64_t b = 0; b < in.head_dim * int64_t(sizeof(T)); b += 64) __builtin_prefetch(next + b);
+    }
     for (int64_t c = 0; c < kWidth; ++c) {
       const int64_t key = p * kWidth + c;
       const Word<T>* src = key < in.keys ? words(row(in.k, key) + h * in.head_dim) : nullptr;
@@ -113,7 +120,22 @@ struct Block {
   void pack_values(int64_t h, int64_t jp, Word<T>* dst) const {
     const T* a = row(in.v, 2 * jp) + h * in.head_dim;
     const T* b = 2 * jp + 1 < in.keys ? row(in.v, 2 * jp + 1) + h * in.head_dim : nullptr;
-    for (int64_t d = 0; d < in.head_dim; ++d) {
+    int64_t d = 0;
+#if defined(__AVX512BF16__)
+    if constexpr (!std::is_same_v<T, float>) {  // 32 elements of each row a step, interleaved
+      const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                          40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33,
+                                          1, 32, 0);
+      const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+      for (; d + 32 <= in.head_dim; d += 32) {
+        const __m512i va = _mm512_loadu_si512(a + d);
+        const __m512i vb = b ? _mm512_loadu_si512(b + d) : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + d, _mm512_permutex2var_epi16(va, lo, vb));
+        _mm512_storeu_si512(dst + d + 16, _mm512_permutex2var_epi16(va, hi, vb));
+      }
+    }
+#endif
+    for (; d < in.head_dim; ++d) {
       const T pair[2] = {a[d], b ? b[d] : T{}};
       std::memcpy(dst + d, pair, sizeof pair);
     }
