@@ -107,7 +107,9 @@ struct Block {
       const int64_t key = (p + 1) * kWidth + c;
       if (key >= in.keys) break;
       const char* next = reinterpret_cast<const char*>(row(in.k, key) + h * in.head_dim);
-      for (int64_t b = 0; b < in.head_dim * int64_t(sizeof(T)); b += 64) __builtin_prefetch(next + b);
+      for (int64_t b = 0; b < in.head_dim * int64_t(sizeof(T)); b += 64) {
+        __builtin_prefetch(next + b);
+      }
     }
     for (int64_t c = 0; c < kWidth; ++c) {
       const int64_t key = p * kWidth + c;

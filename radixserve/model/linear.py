@@ -116,11 +116,17 @@ def packed_linear(
     if packed is None or x.dim() != 2 or x.dtype != weight.dtype or torch.is_grad_enabled():
         return linear(x, weight, bias)
     if takes_panels(x, packed):
-        out = load_native().panel_linear(x, packed.panels, weight.shape[0])
-        return out if bias is None else out.add_(bias)
+        return _on_panels(x, packed, weight.shape[0], bias)
     if packed.onednn is not None and len(x) >= PACKED_MIN_ROWS[x.dtype]:
         return onednn.linear(x, packed.onednn, bias)
     return linear(x, weight, bias)
+
+
+def _on_panels(
+    x: torch.Tensor, packed: PackedWeight, out_features: int, bias: torch.Tensor | None
+) -> torch.Tensor:
+    out = load_native().panel_linear(x, packed.panels, out_features)
+    return out if bias is None else out.add_(bias)
 
 
 def takes_panels(x: torch.Tensor, packed: PackedWeight | None) -> bool:
@@ -137,12 +143,12 @@ def takes_panels(x: torch.Tensor, packed: PackedWeight | None) -> bool:
 class FusedLinear:
     """``Linear``s over one input (a layer's q, k and v; gate and up) as one product where
     few rows take the panels: one call where there were several, each of a decode step's
-    small products having paid a call's overhead (30 layers' five at 20 rows: 7.4 ms fused
-    against 8.4). More rows take each part's own path: their outputs stay contiguous, as
-    the elementwise kernels after them read fastest (SiLU x up over a fused 1,088-row
-    result's halves took 0.77 ms against 0.50). The weights are concatenated and each
-    part's weight becomes a view of its rows, so nothing is stored twice; the parts keep
-    their oneDNN layouts (``pack_weights``), the panels are the fused weight's alone."""
+    small products having paid a call's overhead (``bench kernels``' fused column: a step's
+    projections 1.03-1.14x faster). More rows take each part's own path: their outputs stay
+    contiguous, as the elementwise kernels after them read fastest (SiLU x up over a fused
+    1,088-row result's halves took 0.77 ms against 0.50). The weights are concatenated and
+    each part's weight becomes a view of its rows, so nothing is stored twice; the parts
+    keep their oneDNN layouts (``pack_weights``), the panels are the fused weight's alone."""
 
     def __init__(self, parts: Sequence[Linear]) -> None:
         if len({p.bias is None for p in parts}) != 1:
@@ -162,7 +168,8 @@ class FusedLinear:
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Each part's output: views of one product's columns, or the parts' own."""
         if x.dtype == self.weight.dtype and takes_panels(x, self.packed):
-            return packed_linear(x, self.weight, self.packed, self.bias).split(self.sizes, -1)
+            out = _on_panels(x, self.packed, len(self.weight), self.bias)
+            return out.split(self.sizes, -1)
         return [p(x) for p in self.parts]
 
 
