@@ -1,7 +1,8 @@
 """``bench kernels``' linear rows: a decode step's projections over every decoder layer's
 weights (so they come from memory, as in a real step) at a few rows, each path beside the
-others: torch's ``F.linear``, the native kernel on the plain weights, on column panels, and
-oneDNN on its packed ones."""
+others: torch's ``F.linear``, the native kernel on the plain weights, on column panels (each
+projection alone, or q/k/v and gate/up fused as the engine runs them), and oneDNN on its
+packed ones."""
 
 from __future__ import annotations
 
@@ -43,6 +44,14 @@ def linear_rows_bench(
     packed = [onednn.pack(w) for w in weights] if can_pack(dtype) else None
     has_panels = dtype == torch.float32 or (dtype == torch.bfloat16 and kernels.bf16_dot())
     panels = [kernels.pack_panels(w) for w in weights] if has_panels else None
+    # the engine's few-row path: each layer's q/k/v and gate/up as one product (FusedLinear)
+    fused = None
+    if has_panels:
+        fused = []
+        for i in range(0, len(weights), len(shapes)):
+            q_, k_, v_, o_, gate, up, down = weights[i : i + len(shapes)]
+            for w in (torch.cat([q_, k_, v_]), o_, torch.cat([gate, up]), down):
+                fused.append((w, kernels.pack_panels(w)))
     rows = []
     for n in row_counts:
         inputs = {i: torch.randn(n, i, generator=g).to(dtype) for i in {h, q, inter}}
@@ -64,6 +73,10 @@ def linear_rows_bench(
                 kernels.panel_linear(inputs[w.shape[1]], p, w.shape[0])
                 for w, p in zip(weights, panels, strict=True)
             ]
+        if fused is not None:
+            calls["fused"] = lambda inputs=inputs: [
+                kernels.panel_linear(inputs[w.shape[1]], p, w.shape[0]) for w, p in fused
+            ]
         times = medians(time_alternating(calls, reps))
         read_limit = nbytes / probe.bandwidth(times["read"])
         flops = 2 * n * nbytes / dtype.itemsize
@@ -77,6 +90,7 @@ def linear_rows_bench(
             "native_ms": times["native"] * 1e3,
             "onednn_ms": times["onednn"] * 1e3 if "onednn" in times else None,
             "panels_ms": times["panels"] * 1e3 if "panels" in times else None,
+            "fused_ms": times["fused"] * 1e3 if "fused" in times else None,
             "speedup": times["torch"] / best,
             "gflop_s": flops / best / 1e9,
             "read_limit_ms": read_limit * 1e3,
@@ -98,7 +112,8 @@ LINEAR_TABLE = TableSpec(
         Column("torch_ms", "F.linear ms", num(1)),
         Column("native_ms", "native ms", num(1), wide=True),
         Column("onednn_ms", "oneDNN ms", num(1)),
-        Column("panels_ms", "panels ms", num(1)),
+        Column("panels_ms", "panels ms", num(1), wide=True),
+        Column("fused_ms", "fused ms", num(1)),
         Column("speedup", "speedup", times),
         Column("gflop_s", "GFLOP/s", num(1), wide=True),
         Column("read_limit_ms", "read limit ms", num(1), wide=True),
