@@ -80,6 +80,14 @@ class NativeAttentionBackend(AttentionBackend):
         )
         batch.attn_metadata = NativeMetadata(plan if len(plan.items) else None, dense)
 
+    def decode_plan(self, batch: ForwardBatch) -> AttentionPlan | None:
+        meta: NativeMetadata = batch.attn_metadata
+        if meta.dense.shared or meta.dense.selfs or batch.kv_copies is not None:
+            return None
+        if any(event is not None for event in self.kv_pool.loading):
+            return None
+        return meta.plan
+
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 SOURCES = (
     "bindings.cpp",
     "block_attention.cpp",
+    "decode_layers.cpp",
     "elementwise.cpp",
     "linear_rows.cpp",
     "merge_states.cpp",

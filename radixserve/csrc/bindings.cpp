@@ -2,6 +2,7 @@
 #include <torch/extension.h>
 
 #include "block_attention.h"
+#include "decode_layers.h"
 #include "elementwise.h"
 #include "linear_rows.h"
 #include "merge_states.h"
@@ -338,5 +339,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += x (if given), then weight * rms_norm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("rope_inplace", &rope_inplace, "rotary embedding applied in place");
+  m.def("decode_layers", &decode_layers, "a decode step's decoder layers in one call");
   m.def("matching_prefix", &matching_prefix, "Agreeing bytes of key[pos:] and edge");
 }

@@ -14,6 +14,7 @@ from torch import nn
 
 from radixserve.attention import AttentionBackend, ForwardBatch
 from radixserve.model.config import ModelConfig
+from radixserve.model.decode_layers import DecodeLayers
 from radixserve.model.fused import rms_norm, rope_, silu_mul
 from radixserve.model.linear import (
     FusedLinear,
@@ -158,6 +159,8 @@ class LlamaForCausalLM(nn.Module):
 
     # the output weight again in its fast paths' layouts (``pack``); a tied one is no ``Linear``
     output_packed: PackedWeight | None = None
+    # a decode step's layers in one native call, once the weights are packed for it
+    decode_layers: DecodeLayers | None = None
 
     def pack_weights(self) -> int:
         """Fuse each layer's q/k/v and gate/up projections, and pack every projection and
@@ -173,6 +176,7 @@ class LlamaForCausalLM(nn.Module):
         if self.config.tie_word_embeddings and (packed := pack(self.output_weight)) is not None:
             self.output_packed = packed
             added += packed.nbytes
+        self.decode_layers = DecodeLayers.build(self)
         return added
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -196,10 +200,15 @@ class LlamaForCausalLM(nn.Module):
         # Only each request's last token reaches the logits: past the last layer's attention
         # (o_proj, MLP; ~3% of a prefill's multiply-adds in bench-135m) the others are dropped.
         every_token = batch.return_all_logits or len(last_index) == len(x)
-        residual, layers = None, self.model.layers
-        for i, layer in enumerate(layers):
-            keep = None if every_token or i < len(layers) - 1 else last_index
-            x, residual = layer(x, residual, cos_sin, batch, backend, keep)
+        if self.decode_layers is not None and (
+            out := self.decode_layers(x, cos_sin, batch, backend)
+        ):
+            x, residual = out
+        else:
+            residual, layers = None, self.model.layers
+            for i, layer in enumerate(layers):
+                keep = None if every_token or i < len(layers) - 1 else last_index
+                x, residual = layer(x, residual, cos_sin, batch, backend, keep)
         if batch.return_all_logits:
             every = self.logits(self.model.norm(x, residual))
             return Logits(every[last_index], every)
