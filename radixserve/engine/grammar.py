@@ -28,8 +28,12 @@ _LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 # xgrammar (to 0.2.9 at least, xgrammar#800) writes a string with minLength/maxLength as a
 # repetition of this class, which admits raw control characters that JSON forbids; they
 # are taken out (escapes stay unavailable in such strings, which costs nothing valid).
+# Both string classes also admit surrogates (U+D800-DFFF), which are no characters: their
+# 3-byte forms (ED A0-BF ..) decode to three replacement characters, so a sampled string
+# broke its maxLength; they are taken out of every JSON string.
 _BOUNDED_STRING_CHAR = r"[^\"\\\r\n]"
-_JSON_STRING_CHAR = r"[^\0-\x1f\"\\]"
+_UNBOUNDED_STRING_CHAR = r"[^\0-\x1f\"\\\r\n]"
+_JSON_STRING_CHAR = r"[^\0-\x1f\"\\\uD800-\uDFFF]"
 
 
 def xgrammar_module():
@@ -134,7 +138,9 @@ class GrammarCompiler:
             # cannot loop on spaces until max_tokens
             schema = source if kind == "json_schema" else '{"type": "object"}'
             ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
-            return compiler.compile_grammar(ebnf.replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR))
+            for loose in (_BOUNDED_STRING_CHAR, _UNBOUNDED_STRING_CHAR):
+                ebnf = ebnf.replace(loose, _JSON_STRING_CHAR)
+            return compiler.compile_grammar(ebnf)
         if kind == "regex":
             return compiler.compile_regex(source)
         if kind == "choice":

@@ -192,3 +192,25 @@ def test_constrained_requests_survive_preemption():
     assert len(stopped) >= len(outs) // 2
     for out in stopped:
         jsonschema.validate(json.loads(out["text"]), ORDER)
+
+
+@pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 8}, {"type": "string"}])
+def test_json_strings_take_characters_not_encoded_surrogates(schema):
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from radixserve.engine.grammar import GrammarCompiler
+    from radixserve.model.presets import preset_tokenizer
+
+    tokenizer = preset_tokenizer("tiny")
+    stop = [tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    grammars = GrammarCompiler(tokenizer, len(tokenizer), stop, timeout_s=60)
+    params = SamplingParams(json_schema=schema)
+    byte = {b: tokenizer.convert_tokens_to_ids(c) for b, c in bytes_to_unicode().items()}
+    try:
+        # ED 9F BF is U+D7FF, a character; ED B5 83 would be U+DD43, a surrogate
+        for tail, accepted in (([0x9F, 0xBF, 0x22], True), ([0xB5], False)):
+            matcher = grammars._matcher(grammars.result(params))
+            assert all(matcher.accept_token(byte[b]) for b in [0x22, 0xED])
+            assert all(matcher.accept_token(byte[b]) for b in tail) == accepted
+    finally:
+        grammars.close()
