@@ -92,6 +92,11 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
+    def truncates(self) -> bool:
+        """Whether top-k, top-p or min-p drops any token (each is a no-op at its default)."""
+        return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
+
+    @property
     def grammar(self) -> tuple[str, str] | None:
         """``(kind, source)`` of the grammar the output must follow, or None."""
         for name in GRAMMAR_FIELDS:

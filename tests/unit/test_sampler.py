@@ -64,3 +64,27 @@ def test_seeded_rows_reproduce_whatever_their_batch():
 def test_bad_params(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+def test_draws_follow_the_probabilities():
+    n = 20000
+    reqs = [Req("r", np.array([5], np.int32), SamplingParams(temperature=1.0)) for _ in range(n)]
+    tokens = Sampler(seed=1).sample(LOGITS.repeat(n, 1), reqs)
+    freq = np.bincount(tokens, minlength=len(LOGITS)) / n
+    # a frequency's standard deviation is below 0.0035 here: 0.015 is over four of them
+    assert np.abs(freq - torch.softmax(LOGITS, -1).numpy()).max() < 0.015
+
+
+@pytest.mark.parametrize("spread", [0.5, 4.0])  # nucleus 1,537 (a full sort) and 12 tokens
+def test_top_p_over_a_large_vocabulary_keeps_the_nucleus(spread):
+    logits = torch.from_numpy(np.random.default_rng(0).normal(0, spread, 5000)).float()
+    probs = torch.softmax(logits, -1).numpy().astype(np.float64)
+    order = np.argsort(-probs)
+    above = np.cumsum(probs[order]) - probs[order]
+    nucleus = set(order[above < 0.5].tolist())
+    n = 3000
+    reqs = [Req("r", np.array([5], np.int32), SamplingParams(top_p=0.5)) for _ in range(n)]
+    drawn = set(Sampler(seed=2).sample(logits.repeat(n, 1), reqs))
+    assert drawn <= nucleus
+    if len(nucleus) <= 20:
+        assert drawn == nucleus
