@@ -76,3 +76,16 @@ class PagedRunner:
             out.append(token)
             logits = self.extend([(seq, [token])]).last
         return out
+
+
+def hf_greedy(hf, ids: list[int], steps: int) -> list[int]:
+    """transformers' greedy continuation of ``ids``: exactly ``steps`` tokens."""
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([ids]),
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()

@@ -15,7 +15,7 @@ from radixserve.model import decode_layers as decode_module
 from radixserve.model import load_model
 from radixserve.model.presets import load_preset
 
-from .paged import PagedRunner
+from .paged import PagedRunner, hf_greedy
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native kernels did not build")
 
@@ -115,15 +115,7 @@ def test_greedy_decoding_through_the_loop_matches_transformers(hf_models, arch, 
     runner = PagedRunner(loaded, page_size=16, backend="native")
     ids = np.random.default_rng(6).integers(0, 320, 20).tolist()
     ours = runner.greedy(runner.new(), ids, steps=24)
-    with torch.no_grad():
-        theirs = hf.generate(
-            torch.tensor([ids]),
-            max_new_tokens=24,
-            min_new_tokens=24,
-            do_sample=False,
-            pad_token_id=0,
-        )[0, len(ids) :].tolist()
-    assert ours == theirs
+    assert ours == hf_greedy(hf, ids, 24)
     assert taken[0] is False and all(taken[1:]) and len(taken) == 25  # prefill, then decodes
 
 

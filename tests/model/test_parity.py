@@ -8,7 +8,7 @@ from radixserve.csrc import native_available, onednn
 from radixserve.model import load_model
 
 from .conftest import ARCHS, save_hf_model
-from .paged import PagedRunner
+from .paged import PagedRunner, hf_greedy
 
 ATOL = 1e-4
 
@@ -72,15 +72,7 @@ def test_greedy_decode_matches_generate(hf_models, arch):
     runner = PagedRunner(load_model(path), page_size=16)
     ids = prompt(20, seed=6)
     ours = runner.greedy(runner.new(), ids, steps=32)
-    with torch.no_grad():
-        theirs = hf.generate(
-            torch.tensor([ids]),
-            max_new_tokens=32,
-            min_new_tokens=32,
-            do_sample=False,
-            pad_token_id=0,
-        )[0, len(ids) :].tolist()
-    assert ours == theirs
+    assert ours == hf_greedy(hf, ids, 32)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
