@@ -55,6 +55,9 @@ std::vector<torch::Tensor> run(torch::Tensor x, const std::vector<torch::Tensor>
   const int64_t qkv_width = q_width + 2 * kv_width;
   const int64_t* slots = out_slots.data_ptr<int64_t>();
   torch::Tensor residual;
+  // attention's float32 output and softmax sums, reused by every layer (the sums unread)
+  auto attn = torch::empty({rows, q_width}, x.options().dtype(torch::kFloat32));
+  auto lse = torch::empty({rows, shape.heads}, attn.options());
   for (size_t layer = 0; layer < k_pools.size(); ++layer) {
     const torch::Tensor* w = &weights[layer * radixserve::kDecodeLayerWeights];
     torch::Tensor h;
@@ -77,10 +80,7 @@ std::vector<torch::Tensor> run(torch::Tensor x, const std::vector<torch::Tensor>
       std::memcpy(v_pool + slots[t] * kv_width, row + q_width + kv_width, kv_width * sizeof(T));
     }
     auto qf = qkv.narrow(1, 0, q_width).to(torch::kFloat32).contiguous();
-    auto attn = torch::empty({rows, q_width}, qf.options());
-    auto lse = torch::empty({rows, shape.heads}, qf.options());
-    radixserve::paged_attention(ptr<float>(qf), static_cast<const T*>(k_pool),
-                                static_cast<const T*>(v_pool), kv_slots.data_ptr<int64_t>(), plan,
+    radixserve::paged_attention(ptr<float>(qf), k_pool, v_pool, kv_slots.data_ptr<int64_t>(), plan,
                                 shape, ptr<float>(attn), ptr<float>(lse));
     x = on_panels<T>(attn.to(x.scalar_type()), w[2], hidden);
     h = norm<T>(x, ptr<T>(residual), w[3], eps);
