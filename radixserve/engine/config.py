@@ -39,8 +39,8 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
-    # keep freed host memory for reuse (glibc's mmap/trim thresholds, process-wide): CPU
-    # forward passes stop faulting in fresh pages for every temporary
+    # keep freed host memory for reuse (glibc's mmap/trim thresholds and one arena,
+    # process-wide): CPU forward passes stop faulting in fresh pages for every temporary
     tune_malloc: bool = True
     # keep the projections' and output weights again in their faster paths' layouts: column
     # panels for a decode step's rows (float32; bfloat16 with AVX512_BF16), oneDNN's where

@@ -38,6 +38,7 @@ from radixserve.engine.stop import StopChecker
 from radixserve.engine.tiers import create_tiers
 from radixserve.engine.trace_recorder import TraceRecorder
 from radixserve.memory import KVSlotAllocator
+from radixserve.memory.host_malloc import keep_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ logger = logging.getLogger(__name__)
 class Engine:
     def __init__(self, model: str = "tiny", **options) -> None:
         self.config = EngineConfig(model=model, **options)
+        if self.config.tune_malloc:  # before the threads below allocate (host_malloc.py)
+            keep_freed_memory()
         # The model is built on the thread that runs every step (``compute_thread``):
         # torch's OpenMP pools belong to the thread that calls them, and a bench-135m
         # prefill of 367 tokens ran 1.04-2.05x slower (median 1.08x, 12 paired runs) with
