@@ -10,7 +10,7 @@ gets the same effect by preloading tcmalloc).
 Threads share one arena too. A thread other than the main one gets its own arena, made of
 heaps of at most 64 MB that glibc unmaps whenever one empties, whatever the trim threshold:
 a step's large temporaries on the compute thread then came back on fresh pages in some
-processes and not in others (70,000-280,000 faults per multi-turn-chat round against none).
+processes and not in others (49,000-280,000 faults per multi-turn-chat round against none).
 The main arena grows one heap and trims it only above the threshold. A thread that already
 allocated keeps its arena, so this runs before the engine starts its threads.
 Process-wide and glibc-only; elsewhere it does nothing.
@@ -32,7 +32,7 @@ TRIM_THRESHOLD = 1 << 30
 
 @functools.cache
 def keep_freed_memory() -> bool:
-    """Raise glibc's thresholds once per process; whether it took effect."""
+    """Raise glibc's thresholds and keep one arena, once per process; whether it took effect."""
     name = ctypes.util.find_library("c")
     if name is None:
         return False
