@@ -20,7 +20,6 @@ from radixserve.attention import (
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.req import Req
 from radixserve.engine.schedule_batch import ScheduleBatch
-from radixserve.memory.host_malloc import keep_freed_memory
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model import load_model
 
@@ -29,8 +28,6 @@ class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device)
-        if config.tune_malloc:
-            keep_freed_memory()
         self.loaded = load_model(
             config.model, dtype=getattr(torch, config.dtype), device=self.device
         )
