@@ -55,6 +55,9 @@ class NativeAttentionBackend(AttentionBackend):
         self.kernels = load_native()
         if self.kernels is None:
             raise RuntimeError("the native kernels could not be built (see the log above)")
+        # groups as block items: the block kernel takes its queries in the pool's type, and
+        # this kernel's are float32
+        self.block_groups = dtype == torch.float32
 
     def prefix_group_rule(self, min_shared: int) -> PrefixGroupRule:
         # queries per KV head = new tokens x query heads per KV head
@@ -77,6 +80,7 @@ class NativeAttentionBackend(AttentionBackend):
             slots,
             dense.native_groups,
             keys_from=dense.keys_from,
+            block_groups=self.block_groups,
         )
         batch.attn_metadata = NativeMetadata(plan if len(plan.items) else None, dense)
 

@@ -9,6 +9,7 @@
 // sum per lane). Written with the compiler's vector extensions, so it builds for any x86 or
 // ARM target and uses its widest float vectors up to 256 bits (see vec.h).
 #include "paged_attention.h"
+#include "block_attention.h"
 #include "vec.h"
 
 #include <ATen/Parallel.h>
@@ -96,9 +97,15 @@ struct KeyStep {
 // One plan item, unpacked (fields as in paged_attention.h).
 struct Item {
   int64_t row0, rows, key_start, num_keys, causal_offset;
+  bool block;
 
   explicit Item(const int64_t* f)
-      : row0(f[0]), rows(f[1]), key_start(f[2]), num_keys(f[3]), causal_offset(f[4]) {}
+      : row0(f[0]),
+        rows(f[1]),
+        key_start(f[2]),
+        num_keys(f[3]),
+        causal_offset(f[4]),
+        block(f[5] != 0) {}
 
   // Keys of the item's stretch that its row `row` may see.
   int64_t visible(int64_t row) const {
@@ -479,6 +486,44 @@ void merge_token(int64_t token, const AttentionPlan& plan, const AttentionShape&
   }
 }
 
+// Runs block item `f` in the block kernel into its rows' partial states (the kernel's
+// normalised output and log-sum-exp, which merge_token reads as m = lse, l = 1); false where
+// the item is no block item or the kernel cannot take it (a bfloat16 pool: its queries would
+// have to be bfloat16 too).
+template <typename KV>
+bool run_block(const float* q, const Pools<KV>& pools, const int64_t* f, const AttentionPlan& plan,
+               const AttentionShape& shape, float* part_o, float* part_m, float* part_l) {
+  if constexpr (!std::is_same_v<KV, float>) {
+    return false;
+  } else {
+    const Item it(f);
+    const int64_t H = shape.heads, D = shape.head_dim;
+    if (!it.block || it.causal_offset < it.num_keys || D % block_attention_dim_multiple() != 0) {
+      return false;
+    }
+    BlockInput<float> in{};
+    in.q = q;
+    in.q_stride = H * D;
+    in.q_rows = plan.q_index + it.row0;
+    in.tokens = it.rows;
+    in.heads = H;
+    in.k = pools.k;
+    in.v = pools.v;
+    in.kv_stride = pools.row_stride;
+    in.key_rows = pools.slots + it.key_start;
+    in.keys = it.num_keys;
+    in.kv_heads = shape.kv_heads;
+    in.head_dim = D;
+    in.scale = shape.scale;
+    in.causal_offset = -1;  // every key visible
+    block_attention(in, part_o + it.row0 * H * D, part_m + it.row0 * H);
+    for (int64_t i = it.row0 * H; i < (it.row0 + it.rows) * H; ++i) {
+      part_l[i] = std::isinf(part_m[i]) ? 0.0f : 1.0f;
+    }
+    return true;
+  }
+}
+
 }  // namespace
 
 template <typename KV>
@@ -489,11 +534,18 @@ void paged_attention(const float* q, const KV* k_pool, const KV* v_pool, const i
   std::vector<float> part_o(plan.num_rows * H * D), part_m(plan.num_rows * H),
       part_l(plan.num_rows * H);
   const Pools<KV> pools{k_pool, v_pool, kv_slots, shape.kv_heads * D};
+  // The block kernel's items first, each over every thread.
+  std::vector<char> done(plan.num_items, 0);
+  for (int64_t i = 0; i < plan.num_items; ++i) {
+    done[i] = run_block(q, pools, plan.items + i * kItemFields, plan, shape, part_o.data(),
+                        part_m.data(), part_l.data());
+  }
   // Items differ in size (a long context's chunks, a short suffix): each thread takes the
   // next unclaimed item, rather than a fixed share of the list.
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (int64_t i = next++; i < plan.num_items; i = next++) {
+      if (done[i]) continue;
       const int64_t* item = plan.items + i * kItemFields;
       const bool few = item[1] * (shape.heads / shape.kv_heads) <= kFewQueries &&
                        shape.head_dim % kChunkElems<KV> == 0;

@@ -11,14 +11,17 @@
 // (each a token of q) against `num_keys` slots starting at `kv_slots[key_start]`; its r-th row
 // sees the first clamp(causal_offset + r, 0, num_keys) of those keys. Every row leaves a
 // partial softmax state; `merge_indptr`/`merge_rows` list, per token, the rows to combine.
-// A decode, an extend and a shared-prefix (cascade) group are all just sets of items.
+// A decode, an extend and a shared-prefix (cascade) group are all just sets of items. An item
+// marked `block` (every row seeing every key) runs in the block kernel (block_attention.h)
+// where the pool is float32, before the others, over every thread.
 #pragma once
 
 #include <cstdint>
 
 namespace radixserve {
 
-constexpr int64_t kItemFields = 5;  // row0, rows, key_start, num_keys, causal_offset
+// row0, rows, key_start, num_keys, causal_offset, block
+constexpr int64_t kItemFields = 6;
 
 struct AttentionPlan {
   const int64_t* items;  // [num_items, kItemFields]

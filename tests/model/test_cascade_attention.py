@@ -76,12 +76,44 @@ def test_cascade_equals_plain(shared_lens, members, private, extend, kv_heads, g
         work = dense_blocks.DENSE_MIN_WORK[dtype]
         blocks = [g for g in groups if len(g.members) * extend * group * g.shared_len >= work]
         assert len(meta.dense.shared) >= len(blocks) and not meta.dense.native_groups
-    elif meta.dense.native_groups:  # a native cascade adds the shared rows to the plan
-        assert meta.plan.num_rows > plain.attn_metadata.plan.num_rows
+    elif meta.dense.native_groups:
+        items = meta.plan.items
+        if dtype == torch.float32:  # a group is one block item: its tokens over its path
+            shapes = [(int(i[1]), int(i[3])) for i in items[items[:, 5] == 1]]
+            native = meta.dense.native_groups
+            assert shapes == [(len(g.members) * extend, g.shared_len) for g in native]
+        else:  # chunked items, which add the shared rows to the plan
+            assert not items[:, 5].any()
+            assert meta.plan.num_rows > plain.attn_metadata.plan.num_rows
     # a dense block's bfloat16 output is rounded to bfloat16 (the native kernel's is not)
     tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(o2, o1, **tol)
     torch.testing.assert_close(lse2, lse1, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_items_on_either_pool(dtype):
+    """A block item is the block kernel's on a float32 pool; on a bfloat16 one (which the
+    backend never plans so) the paged kernel runs it whole, and both give the plain result."""
+    rng = np.random.default_rng(1)
+    requests, groups = grouped_batch(rng, [300, 40], [12, 11], 30, 1)
+    pool = KVPool(1, 8192, 1, 3, 64, dtype)
+    pool.k[0].normal_()
+    pool.v[0].normal_()
+    backend = NativeAttentionBackend(pool, 9, 3, 64, 0.125)
+    backend.block_groups = True
+    q = torch.randn(len(requests), 9, 64).to(dtype)
+    outs = []
+    for batch in (
+        ForwardBatch.create(requests, 1),
+        ForwardBatch.create(requests, 1, prefix_groups=groups),
+    ):
+        backend.prepare(batch)
+        k, v = pool.k[0][batch.out_slots], pool.v[0][batch.out_slots]
+        outs.append(backend.attend(0, q, k, v, batch.kv_slots, batch.attn_metadata))
+    assert int(batch.attn_metadata.plan.items[:, 5].sum()) == 2
+    torch.testing.assert_close(outs[1][0], outs[0][0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(outs[1][1], outs[0][1], atol=2e-5, rtol=1e-5)
 
 
 def test_plan_refuses_false_groups():
