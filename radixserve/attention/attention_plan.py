@@ -10,7 +10,7 @@ softmax state; the kernel merges a token's rows by log-sum-exp. So
 - an extend is blocks of ``query_block`` tokens, each over the keys it may see;
 - a shared prefix (cascade) is one set of items whose rows are *every* member's tokens over
   the group's common slots, read once for all of them, plus each member's private suffix;
-  or, asked for (float32 pools), one *block* item, which the kernel runs in its block kernel
+  or, asked for, one *block* item, which the kernel runs in its block kernel
   (``csrc/block_attention.cpp``: keys packed once, then tiles at the multiply-add rate) over
   all its threads: 32 decode rows over 1,024 shared keys took 0.80x the time of the
   chunked items, 12 over 512 0.67x, 32 over 64 0.92x.

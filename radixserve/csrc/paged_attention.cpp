@@ -488,40 +488,55 @@ void merge_token(int64_t token, const AttentionPlan& plan, const AttentionShape&
 
 // Runs block item `f` in the block kernel into its rows' partial states (the kernel's
 // normalised output and log-sum-exp, which merge_token reads as m = lse, l = 1); false where
-// the item is no block item or the kernel cannot take it (a bfloat16 pool: its queries would
-// have to be bfloat16 too).
+// the item is no block item or the kernel cannot take it (bfloat16 without AVX512_BF16).
 template <typename KV>
 bool run_block(const float* q, const Pools<KV>& pools, const int64_t* f, const AttentionPlan& plan,
                const AttentionShape& shape, float* part_o, float* part_m, float* part_l) {
-  if constexpr (!std::is_same_v<KV, float>) {
+  const Item it(f);
+  const int64_t H = shape.heads, D = shape.head_dim;
+  if (!it.block || it.causal_offset < it.num_keys || D % block_attention_dim_multiple() != 0 ||
+      (!std::is_same_v<KV, float> && !kBf16Dot)) {
     return false;
-  } else {
-    const Item it(f);
-    const int64_t H = shape.heads, D = shape.head_dim;
-    if (!it.block || it.causal_offset < it.num_keys || D % block_attention_dim_multiple() != 0) {
-      return false;
-    }
-    BlockInput<float> in{};
+  }
+  BlockInput<KV> in{};
+  std::vector<KV> q16;  // bfloat16: the kernel takes queries in the pool's type
+  if constexpr (std::is_same_v<KV, float>) {
     in.q = q;
     in.q_stride = H * D;
     in.q_rows = plan.q_index + it.row0;
-    in.tokens = it.rows;
-    in.heads = H;
-    in.k = pools.k;
-    in.v = pools.v;
-    in.kv_stride = pools.row_stride;
-    in.key_rows = pools.slots + it.key_start;
-    in.keys = it.num_keys;
-    in.kv_heads = shape.kv_heads;
-    in.head_dim = D;
-    in.scale = shape.scale;
-    in.causal_offset = -1;  // every key visible
-    block_attention(in, part_o + it.row0 * H * D, part_m + it.row0 * H);
-    for (int64_t i = it.row0 * H; i < (it.row0 + it.rows) * H; ++i) {
-      part_l[i] = std::isinf(part_m[i]) ? 0.0f : 1.0f;
-    }
-    return true;
+  } else {
+    q16.resize(it.rows * H * D);
+    at::parallel_for(0, it.rows, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const float* src = q + plan.q_index[it.row0 + r] * H * D;
+        for (int64_t i = 0; i < H * D; i += 8) store8(q16.data() + r * H * D + i, load8(src + i));
+      }
+    });
+    in.q = q16.data();
+    in.q_stride = H * D;
   }
+  in.tokens = it.rows;
+  in.heads = H;
+  in.k = pools.k;
+  in.v = pools.v;
+  in.kv_stride = pools.row_stride;
+  in.key_rows = pools.slots + it.key_start;
+  in.keys = it.num_keys;
+  in.kv_heads = shape.kv_heads;
+  in.head_dim = D;
+  in.scale = shape.scale;
+  in.causal_offset = -1;  // every key visible
+  if constexpr (std::is_same_v<KV, float>) {
+    block_attention(in, part_o + it.row0 * H * D, part_m + it.row0 * H);
+  } else {
+#if defined(__AVX512BF16__)  // else kBf16Dot is false and this is never reached
+    block_attention(in, part_o + it.row0 * H * D, part_m + it.row0 * H);
+#endif
+  }
+  for (int64_t i = it.row0 * H; i < (it.row0 + it.rows) * H; ++i) {
+    part_l[i] = std::isinf(part_m[i]) ? 0.0f : 1.0f;
+  }
+  return true;
 }
 
 }  // namespace
