@@ -177,10 +177,15 @@ class Part:
     lse: torch.Tensor
 
 
+def block_kernel_takes(head_dim: int) -> bool:
+    """Whether the native block kernel takes this head size (a multiple of its vectors)."""
+    return head_dim % load_native().block_dim_multiple() == 0
+
+
 def run_shared(
     block: SharedBlock, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, scale: float
 ) -> Part:
-    if native_blocks(q.dtype):
+    if native_blocks(q.dtype) and block_kernel_takes(q.shape[2]):
         return run_shared_native(block, q, k_pool, v_pool, scale)
     return run_shared_flash(block, q, k_pool, v_pool, scale)
 
@@ -221,7 +226,7 @@ def run_self(
     block: SelfBlock, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> Part:
     tokens = block.tokens
-    if native_blocks(q.dtype):  # one call a request, each reading the batch's rows in place
+    if native_blocks(q.dtype) and block_kernel_takes(q.shape[2]):  # a call a request, in place
         kernels = load_native()
         if q.dtype != torch.float32 and not kernels.bf16_dot():
             q, k, v = q.float(), k.float(), v.float()

@@ -55,8 +55,10 @@ class NativeAttentionBackend(AttentionBackend):
         self.kernels = load_native()
         if self.kernels is None:
             raise RuntimeError("the native kernels could not be built (see the log above)")
-        # groups as block items, where the block kernel reads the pool's type
-        self.block_groups = dtype == torch.float32 or self.kernels.bf16_dot()
+        # groups as block items, where the block kernel reads the pool's type and head size
+        self.block_groups = (dtype == torch.float32 or self.kernels.bf16_dot()) and (
+            dense_blocks.block_kernel_takes(head_dim)
+        )
 
     def prefix_group_rule(self, min_shared: int) -> PrefixGroupRule:
         # queries per KV head = new tokens x query heads per KV head

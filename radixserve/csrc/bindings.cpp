@@ -330,6 +330,8 @@ int64_t matching_prefix(const pybind11::bytes& key, int64_t pos, const pybind11:
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "Paged attention over the KV pool by plan");
   m.def("block_attention", &block_attention, "many queries over K/V held side by side");
+  m.def("block_dim_multiple", &radixserve::block_attention_dim_multiple,
+        "block_attention's head_dim must be a multiple of this");
   m.def("merge_states", &merge_states, "softmax states of attention parts merged by lse");
   m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x, float32 out");
   m.def("pack_panels", &pack_panels, "a float32 or bfloat16 weight packed for panel_linear");
