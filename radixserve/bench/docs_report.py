@@ -53,7 +53,7 @@ SECTIONS = (
         "speed",
         "Issue 20's workload against vLLM, cold and warm — `radixserve bench serving`",
         "radixserve bench serving --workload long-prefix --configs radix-lpm vllm "
-        "--vllm-python PEER_VENV/bin/python --max-tokens 32 --rounds 3 (cold), 2 (--warm) "
+        "--vllm-python PEER_VENV/bin/python --max-tokens 32 --rounds 3 [--warm] "
         "[--dtype bfloat16] --json docs/bench_speed.json",
         SERVING,
     ),
