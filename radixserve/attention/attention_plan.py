@@ -130,7 +130,8 @@ def plan_attention(
     checked: members must really share their first ``shared_len`` slots, all cached.
     ``keys_from[i]``: request i's first context key this plan covers (the keys before it,
     and all of them at ``seq_lens[i]``, are attended elsewhere); its tokens may then have no
-    rows, and leave an empty softmax state. ``block_groups``: each group is one block item."""
+    rows, and leave an empty softmax state. ``block_groups``: each group's path becomes
+    block items (``add_block``) rather than chunked ones."""
     seq = np.asarray(seq_lens, dtype=np.int64)
     ext = np.asarray(extend_lens, dtype=np.int64)
     kv_start = np.cumsum(seq) - seq
