@@ -27,6 +27,7 @@ SOURCES = (
     "linear_rows.cpp",
     "merge_states.cpp",
     "paged_attention.cpp",
+    "paged_few.cpp",
     "panel_linear.cpp",
     "prefix_match.cpp",
 )
