@@ -28,6 +28,8 @@ namespace radixserve {
 namespace {
 using namespace paged;
 
+constexpr int64_t kAhead = 32;  // keys between a prefetch and its use
+
 // Up to kKeys keys' rows of one KV head, packed as float rows ([kKeys][head_dim] from
 // k_base()/v_base(), one base address for loops that broadcast single elements), so a
 // bfloat16 element is widened once per step however many queries use it. Missing keys read
