@@ -14,23 +14,72 @@
 namespace radixserve::paged {
 namespace {
 
+// Vectors along head_dim: sixteen floats with AVX-512, else eight.
+#ifdef __AVX512F__
+using FV = f16v;
+#else
+using FV = f8;
+#endif
+constexpr int64_t kW = sizeof(FV) / sizeof(float);
+typedef float FVu __attribute__((vector_size(sizeof(FV)), aligned(4), may_alias));
+typedef uint32_t UV __attribute__((vector_size(sizeof(FV))));
+typedef uint32_t UVu __attribute__((vector_size(sizeof(FV)), aligned(2), may_alias));
+
 // Lane j of the result: the sum of a[j]'s lanes.
-inline f8 hsum8(const f8* a) {
-#ifdef __AVX__
+#ifdef __AVX512F__
+// A tree of lane-block shuffles, each level halving the vectors and the lanes per key. It
+// returns lane L's sum at lane 4 (L % 4) + L / 4 (a 4 x 4 transpose), so it is fed the
+// accumulators in that order and returns them in key order.
+inline FV halve(FV a, FV b, int level) {
+  switch (level) {
+    case 0:
+      return _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)) +
+             _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2));
+    case 1:
+      return _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)) +
+             _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+    case 2:
+      return _mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)) +
+             _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2));
+    default:
+      return _mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)) +
+             _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+inline FV key_sums(const FV* a) {
+  FV x[16];
+  for (int t = 0; t < 16; ++t) x[t] = a[t / 4 + 4 * (t % 4)];
+  for (int level = 0, n = 16; n > 1; ++level, n /= 2) {
+    for (int t = 0; t < n / 2; ++t) x[t] = halve(x[2 * t], x[2 * t + 1], level);
+  }
+  return x[0];
+}
+#elif defined(__AVX__)
+inline FV key_sums(const FV* a) {
   const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
   const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
   const __m256 lo = _mm256_hadd_ps(h01, h23), hi = _mm256_hadd_ps(h45, h67);
   return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+}
 #else
-  f8 s;
-  for (int j = 0; j < kKeys; ++j) s[j] = hsum(a[j]);
+inline FV key_sums(const FV* a) {
+  FV s;
+  for (int j = 0; j < kW; ++j) s[j] = hsum(a[j]);
   return s;
+}
 #endif
+
+inline float hmax(FV v) {
+  float m = v[0];
+  for (int64_t j = 1; j < kW; ++j) m = std::max(m, v[j]);
+  return m;
 }
 
-inline float hmax(f8 v) {
-  return std::max(std::max(std::max(v[0], v[4]), std::max(v[1], v[5])),
-                  std::max(std::max(v[2], v[6]), std::max(v[3], v[7])));
+inline float hsum_fv(FV v) {
+  float s = 0.0f;
+  for (int64_t j = 0; j < kW; ++j) s += v[j];
+  return s;
 }
 
 // Cache lines of future rows (K and V, every KV head), handed to the prefetcher a few at a
@@ -68,65 +117,115 @@ struct SpreadPrefetch {
 
 // An item with at most kFewQueries queries per KV head (a decode row: one token's query
 // heads of a group). Vectors run along head_dim instead: a query's scores come from dot
-// products, and V accumulates along head_dim, so no lane idles. Keys go kFewKeys at a time:
-// their scores (eight to a vector) take one online-softmax update, whose serial chain
-// (max, exp, rescale) would otherwise dominate. Float K/V rows are read in place; bfloat16
-// rows are widened once per step (see `chunk`). Needs head_dim % kChunkElems<KV> == 0.
+// products (kW keys' sums folded into one vector by key_sums), and V accumulates along
+// head_dim for every query at once, each V vector loaded once. Keys go kFewKeys at a time:
+// their scores take one online-softmax update, whose serial chain (max, exp, rescale) would
+// otherwise dominate. Float K/V rows are read in place; bfloat16 rows are widened once per
+// step for every query (see `chunk`). Needs head_dim % kChunkElems<KV> == 0.
 constexpr int64_t kFewQueries = 4;
-constexpr int64_t kFewKeys = 32;  // keys per softmax update (a multiple of kKeys)
+constexpr int64_t kFewKeys = 32;  // keys per softmax update (a multiple of kW)
+constexpr int64_t kBlocks = kFewKeys / kW;
 
-// Chunk c (eight floats) of a K/V row, in "chunk order": a float row's elements 8c..8c+7; of a
-// bfloat16 row's 16-element block c / 2, the even elements (c even) or the odd ones. A pair of
-// bfloat16 read as one 32-bit lane is the even one's float after a shift and the odd one's
-// after a mask, so widening costs one operation per eight values. Dot products and
+// Chunk c (kW floats) of a K/V row, in "chunk order": a float row's elements kW c .. kW c +
+// kW - 1; of a bfloat16 row's 2 kW-element block c / 2, the even elements (c even) or the odd
+// ones. A pair of bfloat16 read as one 32-bit lane is the even one's float after a shift and
+// the odd one's after a mask, so widening costs one operation per kW values. Dot products and
 // accumulations don't care about the order, as long as q and the output share it.
-inline f8 chunk(const float* row, int64_t c) { return load8(row + c * kLanes); }
+inline FV chunk(const float* row, int64_t c) { return *reinterpret_cast<const FVu*>(row + c * kW); }
 
-typedef uint32_t u32x8u __attribute__((vector_size(32), aligned(2), may_alias));
-inline f8 chunk(const uint16_t* row, int64_t c) {
-  const u32x8 pairs = *reinterpret_cast<const u32x8u*>(row + (c / 2) * 2 * kLanes);
-  const u32x8 bits = c % 2 == 0 ? pairs << 16 : pairs & 0xFFFF0000u;
-  f8 f;
+inline FV chunk(const uint16_t* row, int64_t c) {
+  const UV pairs = *reinterpret_cast<const UVu*>(row + (c / 2) * 2 * kW);
+  const UV bits = c % 2 == 0 ? pairs << 16 : pairs & 0xFFFF0000u;
+  FV f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
 
 // Row elements per chunk-order block, and where lane `lane` of chunk c sits in the row.
 template <typename KV>
-constexpr int64_t kChunkElems = std::is_same_v<KV, float> ? kLanes : 2 * kLanes;
+constexpr int64_t kChunkElems = std::is_same_v<KV, float> ? kW : 2 * kW;
 
 template <typename KV>
 inline int64_t row_index(int64_t c, int64_t lane) {
-  if constexpr (std::is_same_v<KV, float>) return c * kLanes + lane;
-  return (c / 2) * 2 * kLanes + 2 * lane + c % 2;
+  if constexpr (std::is_same_v<KV, float>) return c * kW + lane;
+  return (c / 2) * 2 * kW + 2 * lane + c % 2;
 }
 
-template <int64_t kD, typename KV>
-void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
+// One KV head's step of up to kFewKeys keys for its NQ queries: scores, one softmax update
+// each, then V into every query's output. k_chunk(j, c) / v_chunk(j, c): key j's chunk c.
+template <int NQ, int64_t kC, typename KChunk, typename VChunk, typename Prefetch>
+inline void few_step(const FV* q, FV* o, float* m, float* l, const int64_t* valid, int64_t n,
+                     int64_t chunks, KChunk k_chunk, VChunk v_chunk, Prefetch& prefetch) {
+  const int64_t C = kC ? kC : chunks;  // a constant for the common head sizes
+  const FV lane_index = [] {
+    FV v;
+    for (int64_t j = 0; j < kW; ++j) v[j] = static_cast<float>(j);
+    return v;
+  }();
+  alignas(64) float p[NQ][kFewKeys];
+  float correction[NQ];
+  for (int i = 0; i < NQ; ++i) {
+    FV s[kBlocks];
+    FV block_max = splat<FV>(kNone);
+    for (int64_t b = 0; b < kBlocks; ++b) {
+      const auto live = lane_index < static_cast<float>(valid[i] - b * kW);
+      if (valid[i] <= b * kW) {
+        s[b] = splat<FV>(kNone);
+        continue;
+      }
+      prefetch.issue();
+      FV acc[kW] = {};
+      for (int64_t c = 0; c < C; ++c) {
+        const FV qc = q[i * C + c];
+        for (int64_t j = 0; j < kW; ++j) acc[j] += qc * k_chunk(b * kW + j, c);
+      }
+      s[b] = live ? key_sums(acc) : splat<FV>(kNone);
+      block_max = vmax(block_max, s[b]);
+    }
+    const float mx = std::max(m[i], hmax(block_max));
+    FV sum = {};
+    for (int64_t b = 0; b < kBlocks; ++b) {
+      const auto live = lane_index < static_cast<float>(valid[i] - b * kW);
+      const FV e = live ? exp_nonpositive(s[b] - mx) : FV{};
+      *reinterpret_cast<FVu*>(&p[i][b * kW]) = e;
+      sum += e;
+    }
+    correction[i] = exp_nonpositive(splat<FV>(m[i] - mx))[0];
+    m[i] = mx;
+    l[i] = l[i] * correction[i] + hsum_fv(sum);
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    prefetch.issue();
+    FV acc[NQ];
+    for (int i = 0; i < NQ; ++i) acc[i] = o[i * C + c] * correction[i];
+    for (int64_t j = 0; j < n; ++j) {
+      const FV vj = v_chunk(j, c);
+      for (int i = 0; i < NQ; ++i) acc[i] += p[i][j] * vj;
+    }
+    for (int i = 0; i < NQ; ++i) o[i * C + c] = acc[i];
+  }
+}
+
+template <int64_t kD, int NQ, typename KV>
+void run_item_few(const float* q, const Pools<KV>& pools, const Item& it,
                   const AttentionPlan& plan, const AttentionShape& shape, float* part_o,
                   float* part_m, float* part_l) {
-  const Item it(item);
-  const int64_t row0 = it.row0, rows = it.rows;
   const int64_t H = shape.heads, HKV = shape.kv_heads, G = H / HKV;
-  const int64_t D = kD ? kD : shape.head_dim;  // a constant for the common head sizes
-  const int64_t nq = rows * G, C = D / kLanes;
+  const int64_t D = kD ? kD : shape.head_dim, C = D / kW;  // constants for common sizes
   const int64_t* slots = pools.slots + it.key_start;
 
-  // Query (h, i), index h * nq + i: row i / G, query head h * G + i % G; in chunk order.
-  std::vector<f8> qv(HKV * nq * C), ov(HKV * nq * C);
-  std::vector<float> m(HKV * nq, kNone), l(HKV * nq, 0.0f);
-  std::vector<int64_t> visible(nq);
-  int64_t max_seen = 0;
-  for (int64_t i = 0; i < nq; ++i) {
+  // Query (h, i), index h * NQ + i: row i / G, query head h * G + i % G; in chunk order.
+  std::vector<FV> qv(HKV * NQ * C), ov(HKV * NQ * C, FV{});
+  std::vector<float> m(HKV * NQ, kNone), l(HKV * NQ, 0.0f);
+  int64_t visible[NQ], max_seen = 0;
+  for (int64_t i = 0; i < NQ; ++i) {
     visible[i] = it.visible(i / G);
     max_seen = std::max(max_seen, visible[i]);
     for (int64_t h = 0; h < HKV; ++h) {
-      const float* src = q + (plan.q_index[row0 + i / G] * H + h * G + i % G) * D;
-      for (int64_t c = 0; c < C; ++c) {
-        for (int64_t lane = 0; lane < kLanes; ++lane)
-          qv[(h * nq + i) * C + c][lane] = src[row_index<KV>(c, lane)] * shape.scale;
-        ov[(h * nq + i) * C + c] = f8{};
-      }
+      const float* src = q + (plan.q_index[it.row0 + i / G] * H + h * G + i % G) * D;
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t lane = 0; lane < kW; ++lane)
+          qv[(h * NQ + i) * C + c][lane] = src[row_index<KV>(c, lane)] * shape.scale;
     }
   }
 
@@ -135,7 +234,7 @@ void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
   const KV* v_row[kFewKeys];
   // Float rows are read in place; bfloat16 rows are widened once per step, for all queries.
   constexpr bool kWiden = !std::is_same_v<KV, float>;
-  std::vector<f8> k_wide(kWiden ? kFewKeys * C : 0), v_wide(kWiden ? kFewKeys * C : 0);
+  std::vector<FV> k_wide(kWiden ? kFewKeys * C : 0), v_wide(kWiden ? kFewKeys * C : 0);
   const auto k_chunk = [&](int64_t j, int64_t c) {
     if constexpr (kWiden) return k_wide[j * C + c];
     return chunk(k_row[j], c);
@@ -144,71 +243,36 @@ void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
     if constexpr (kWiden) return v_wide[j * C + c];
     return chunk(v_row[j], c);
   };
-  const f8 lane_index = {0, 1, 2, 3, 4, 5, 6, 7};
   SpreadPrefetch<KV> prefetch{pools, slots};
   for (int64_t t0 = 0; t0 < max_seen; t0 += kFewKeys) {
     prefetch.start(std::min(t0 + 2 * kFewKeys, max_seen), std::min(t0 + 3 * kFewKeys, max_seen),
-                   HKV * nq * (kFewKeys / kKeys + 1));
+                   HKV * (NQ * kBlocks + C));
     const int64_t n = std::min(kFewKeys, max_seen - t0);
+    int64_t valid[NQ];
+    for (int i = 0; i < NQ; ++i) valid[i] = std::clamp<int64_t>(visible[i] - t0, 0, n);
     for (int64_t h = 0; h < HKV; ++h) {
       for (int64_t j = 0; j < kFewKeys; ++j) {
         const int64_t off = slots[t0 + std::min(j, n - 1)] * pools.row_stride + h * D;
         k_row[j] = j < n ? pools.k + off : zeros.data();
         v_row[j] = j < n ? pools.v + off : zeros.data();
-        if (kWiden && j < n) {
+        if constexpr (kWiden) {
           for (int64_t c = 0; c < C; ++c) {
             k_wide[j * C + c] = chunk(k_row[j], c);
             v_wide[j * C + c] = chunk(v_row[j], c);
           }
         }
       }
-      for (int64_t i = 0; i < nq; ++i) {
-        const int64_t valid = std::min(visible[i] - t0, n);
-        if (valid <= 0) continue;
-        const int64_t qi = h * nq + i, blocks = (valid + kKeys - 1) / kKeys;
-        const f8* qr = qv.data() + qi * C;
-        // Scores of up to kFewKeys keys, eight to a vector, then one softmax update for all.
-        f8 s[kFewKeys / kKeys];
-        f8 block_max = splat(kNone);
-        for (int64_t b = 0; b < blocks; ++b) {
-          prefetch.issue();
-          f8 acc[kKeys] = {};
-          for (int64_t c = 0; c < C; ++c) {
-            const f8 qc = qr[c];
-            for (int64_t j = 0; j < kKeys; ++j) acc[j] += qc * k_chunk(b * kKeys + j, c);
-          }
-          const auto live = lane_index < static_cast<float>(valid - b * kKeys);
-          s[b] = live ? hsum8(acc) : splat(kNone);
-          block_max = vmax(block_max, s[b]);
-        }
-        const float mx = std::max(m[qi], hmax(block_max));
-        f8 sum = {};
-        for (int64_t b = 0; b < blocks; ++b) {
-          const auto live = lane_index < static_cast<float>(valid - b * kKeys);
-          s[b] = live ? exp_nonpositive(s[b] - mx) : f8{};
-          sum += s[b];
-        }
-        const float correction = exp_nonpositive(splat(m[qi] - mx))[0];
-        m[qi] = mx;
-        l[qi] = l[qi] * correction + hsum(sum);
-        f8* o = ov.data() + qi * C;
-        prefetch.issue();
-        for (int64_t c = 0; c < C; ++c) {
-          f8 acc = o[c] * correction;
-          for (int64_t b = 0; b < blocks; ++b)
-            for (int64_t j = 0; j < kKeys; ++j) acc += s[b][j] * v_chunk(b * kKeys + j, c);
-          o[c] = acc;
-        }
-      }
+      few_step<NQ, kD / kW>(qv.data() + h * NQ * C, ov.data() + h * NQ * C, m.data() + h * NQ,
+                            l.data() + h * NQ, valid, n, C, k_chunk, v_chunk, prefetch);
     }
   }
 
   for (int64_t h = 0; h < HKV; ++h) {
-    for (int64_t i = 0; i < nq; ++i) {
-      const int64_t qi = h * nq + i, row = row0 + i / G, hq = h * G + i % G;
+    for (int64_t i = 0; i < NQ; ++i) {
+      const int64_t qi = h * NQ + i, row = it.row0 + i / G, hq = h * G + i % G;
       float* dst = part_o + (row * H + hq) * D;
       for (int64_t c = 0; c < C; ++c)
-        for (int64_t lane = 0; lane < kLanes; ++lane)
+        for (int64_t lane = 0; lane < kW; ++lane)
           dst[row_index<KV>(c, lane)] = ov[qi * C + c][lane];
       part_m[row * H + hq] = m[qi];
       part_l[row * H + hq] = l[qi];
@@ -216,22 +280,38 @@ void run_item_few(const float* q, const Pools<KV>& pools, const int64_t* item,
   }
 }
 
+template <int64_t kD, typename KV>
+void run_few_d(const float* q, const Pools<KV>& pools, const Item& it, const AttentionPlan& plan,
+               const AttentionShape& shape, float* o, float* m, float* l) {
+  switch (it.rows * (shape.heads / shape.kv_heads)) {
+    case 1:
+      return run_item_few<kD, 1, KV>(q, pools, it, plan, shape, o, m, l);
+    case 2:
+      return run_item_few<kD, 2, KV>(q, pools, it, plan, shape, o, m, l);
+    case 3:
+      return run_item_few<kD, 3, KV>(q, pools, it, plan, shape, o, m, l);
+    default:
+      return run_item_few<kD, 4, KV>(q, pools, it, plan, shape, o, m, l);
+  }
+}
+
 }  // namespace
 
 template <typename KV>
 bool takes_few(int64_t rows, const AttentionShape& shape) {
-  return rows * (shape.heads / shape.kv_heads) <= kFewQueries &&
-         shape.head_dim % kChunkElems<KV> == 0;
+  const int64_t nq = rows * (shape.heads / shape.kv_heads);
+  return nq >= 1 && nq <= kFewQueries && shape.head_dim % kChunkElems<KV> == 0;
 }
 
 template <typename KV>
 void run_few(const float* q, const Pools<KV>& pools, const int64_t* item,
              const AttentionPlan& plan, const AttentionShape& shape, float* part_o,
              float* part_m, float* part_l) {
-  auto run = shape.head_dim == 64    ? run_item_few<64, KV>
-             : shape.head_dim == 128 ? run_item_few<128, KV>
-                                     : run_item_few<0, KV>;
-  run(q, pools, item, plan, shape, part_o, part_m, part_l);
+  const Item it(item);
+  auto run = shape.head_dim == 64    ? run_few_d<64, KV>
+             : shape.head_dim == 128 ? run_few_d<128, KV>
+                                     : run_few_d<0, KV>;
+  run(q, pools, it, plan, shape, part_o, part_m, part_l);
 }
 
 #define RADIXSERVE_FEW(KV)                                                                  \
