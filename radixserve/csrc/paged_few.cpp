@@ -245,7 +245,7 @@ void run_item_few(const float* q, const Pools<KV>& pools, const Item& it,
   };
   SpreadPrefetch<KV> prefetch{pools, slots};
   for (int64_t t0 = 0; t0 < max_seen; t0 += kFewKeys) {
-    prefetch.start(std::min(t0 + 2 * kFewKeys, max_seen), std::min(t0 + 3 * kFewKeys, max_seen),
+    prefetch.start(std::min(t0 + kFewKeys, max_seen), std::min(t0 + 2 * kFewKeys, max_seen),
                    HKV * (NQ * kBlocks + C));
     const int64_t n = std::min(kFewKeys, max_seen - t0);
     int64_t valid[NQ];
