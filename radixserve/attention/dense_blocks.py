@@ -47,6 +47,11 @@ DENSE_MIN_WORK = {
     torch.float32: 1 << 19,
     torch.bfloat16: 1 << 17 if AMX else 1 << 19,
 }
+# The same for bfloat16 in the native block kernel's pairwise dot products (AVX512_BF16),
+# which the paged kernel's widened rows fall far behind: one layer of extends over their own
+# cached keys took 0.61-0.84x the time from ~50,000 (8 x 80 new over 240-1,024 cached, 20 x
+# 40 over 500), 1.09-1.16x at ~25,000 (AMD EPYC).
+_BF16_DOT_MIN_WORK = 1 << 15
 # New tokens from which an extend attends over itself in the flash kernel. Float32: the
 # native kernel's sixteen-query vectors (AVX-512) were faster up to 2,048 tokens (7.4 ms
 # against 10.1 a layer for 1,024), eight-query ones up to ~1,024 (1.4 ms against 2.0 for
@@ -59,7 +64,9 @@ _FLOAT32_SELF = 2048 if torch.backends.cpu.get_cpu_capability() == "AVX512" else
 # New tokens from which an extend attends over itself in the native block kernel where that
 # takes the dense blocks (``native_blocks``): against the paged kernel a layer took 5.2 ms
 # against 5.6 at 1,088 tokens, 1.56 against 1.69 at 540, a tie in the engine (AMD EPYC).
+# bfloat16 with pairwise dot products: 0.81x from 128 tokens, 0.65x at 256.
 _NATIVE_SELF = 1024
+_BF16_DOT_SELF = 128
 
 
 def native_blocks(dtype: torch.dtype) -> bool:
@@ -70,10 +77,21 @@ def native_blocks(dtype: torch.dtype) -> bool:
     return onednn.float32_faster() and (dtype == torch.float32 or not AMX)
 
 
+def _bf16_dot_blocks(dtype: torch.dtype) -> bool:
+    """Whether bfloat16 dense blocks run in the block kernel's bfloat16 dot products."""
+    kernels = load_native()
+    return dtype == torch.bfloat16 and native_blocks(dtype) and bool(kernels and kernels.bf16_dot())
+
+
+def dense_min_work(dtype: torch.dtype) -> int:
+    """Queries x keys per KV head from which cached keys make a dense block."""
+    return _BF16_DOT_MIN_WORK if _bf16_dot_blocks(dtype) else DENSE_MIN_WORK[dtype]
+
+
 def self_min_tokens(dtype: torch.dtype) -> float:
     """New tokens from which an extend attends over itself in a dense block."""
     if native_blocks(dtype):
-        return _NATIVE_SELF
+        return _BF16_DOT_SELF if _bf16_dot_blocks(dtype) else _NATIVE_SELF
     return 256 if dtype == torch.bfloat16 and AMX else _FLOAT32_SELF
 
 
@@ -121,7 +139,7 @@ def split_dense(
     """Which parts of a batch run as dense blocks; the rest stays with the native kernel.
 
     A group's members with many queries share one block over the group's path when their
-    queries times that path reach ``DENSE_MIN_WORK`` (one 32-token prompt under a 336-token
+    queries times that path reach ``dense_min_work`` (one 32-token prompt under a 336-token
     system prompt attended 1.5x faster in the native kernel); the others stay a native
     group (or attend alone when too few)."""
     seq = np.asarray(seq_lens, dtype=np.int64)
@@ -129,6 +147,7 @@ def split_dense(
     kv_start, q_start = np.cumsum(seq) - seq, np.cumsum(ext) - ext
     prefix = seq - ext
     many = ext * heads_per_kv >= DENSE_MIN_QUERIES
+    min_work = dense_min_work(dtype)
     keys_from = np.zeros(len(seq), dtype=np.int64)
     shared: list[SharedBlock] = []
     native_groups = []
@@ -138,7 +157,7 @@ def split_dense(
         m = np.asarray(group.members)
         claimed[m] = group.shared_len
         big, small = m[many[m]], m[~many[m]]
-        if ext[big].sum() * heads_per_kv * group.shared_len < DENSE_MIN_WORK[dtype]:
+        if ext[big].sum() * heads_per_kv * group.shared_len < min_work:
             big = big[:0]  # too little work for a block: the native kernel is faster
         if len(big):
             first = kv_start[m[0]]
@@ -149,7 +168,7 @@ def split_dense(
             native_groups.append(PrefixGroup(group.shared_len, tuple(small.tolist())))
     by_length: dict[int, list[int]] = defaultdict(list)
     for i in np.flatnonzero(many):
-        if ext[i] * heads_per_kv * (prefix[i] - keys_from[i]) >= DENSE_MIN_WORK[dtype]:
+        if ext[i] * heads_per_kv * (prefix[i] - keys_from[i]) >= min_work:
             own = kv_slots[kv_start[i] + keys_from[i] : kv_start[i] + prefix[i]]
             shared.append(_shared(np.arange(q_start[i], q_start[i] + ext[i]), own))
             keys_from[i] = prefix[i]

@@ -75,7 +75,7 @@ def test_cascade_equals_plain(shared_lens, members, private, extend, kv_heads, g
     meta = cascade.attn_metadata
     if extend * group >= dense_blocks.DENSE_MIN_QUERIES:
         # a group is a dense block when its queries times its path are work enough for one
-        work = dense_blocks.DENSE_MIN_WORK[dtype]
+        work = dense_blocks.dense_min_work(dtype)
         blocks = [g for g in groups if len(g.members) * extend * group * g.shared_len >= work]
         assert len(meta.dense.shared) >= len(blocks) and not meta.dense.native_groups
     elif meta.dense.native_groups:
