@@ -147,7 +147,7 @@ def split_dense(
     kv_start, q_start = np.cumsum(seq) - seq, np.cumsum(ext) - ext
     prefix = seq - ext
     many = ext * heads_per_kv >= DENSE_MIN_QUERIES
-    min_work = dense_min_work(dtype)
+    min_work, self_min = dense_min_work(dtype), self_min_tokens(dtype)
     keys_from = np.zeros(len(seq), dtype=np.int64)
     shared: list[SharedBlock] = []
     native_groups = []
@@ -172,7 +172,7 @@ def split_dense(
             own = kv_slots[kv_start[i] + keys_from[i] : kv_start[i] + prefix[i]]
             shared.append(_shared(np.arange(q_start[i], q_start[i] + ext[i]), own))
             keys_from[i] = prefix[i]
-        if ext[i] >= self_min_tokens(dtype) and keys_from[i] == prefix[i]:
+        if ext[i] >= self_min and keys_from[i] == prefix[i]:
             by_length[int(ext[i])].append(int(q_start[i]))
             keys_from[i] = seq[i]
     selfs = tuple(
