@@ -111,7 +111,12 @@ def run_serving_bench(
     rows: list[dict] = []
     pairs: list[dict] = []
     optimal: dict[str, float] = {}
+    peer = None
     try:
+        if "vllm" in cfg.configs and cfg.vllm_python is not None:
+            from radixserve.bench.vllm_peer import VllmPeer
+
+            peer = VllmPeer(cfg.vllm_python, cfg.model, cfg.page_size, cfg.dtype)
         for index, name in enumerate(cfg.workloads):
             work = make_workload(name, vocab, cfg.scale, cfg.max_tokens, cfg.seed)
             optimal[name] = work.optimal_hit_rate(cfg.page_size)
@@ -119,7 +124,7 @@ def run_serving_bench(
             shift = index % len(cfg.configs)
             rounds: dict[str, list[dict]] = {}
             for label in alternating(cfg.configs[shift:] + cfg.configs[:shift], cfg.rounds):
-                row = _run_one(label, engines, hf, work, cfg)
+                row = _run_one(label, engines, hf, peer, work, cfg)
                 if row is not None:
                     rounds.setdefault(label, []).append(row)
                 step(f"{name}: {label}")
@@ -127,6 +132,8 @@ def run_serving_bench(
             pairs += _pairs(name, rounds, cfg.configs)
         sweep = [row for name in cfg.sweep_workloads for row in _kv_sweep(cfg, name, vocab, step)]
     finally:
+        if peer is not None:
+            peer.close()
         for engine in engines.values():
             engine.shutdown()
     return {"rows": rows, "pairs": pairs, "sweep": sweep, "optimal": optimal}
@@ -168,18 +175,14 @@ def _pairs(workload: str, rounds: dict[str, list[dict]], configs: tuple[str, ...
     return out
 
 
-def _run_one(label, engines, hf, work: Workload, cfg: ServingBenchConfig) -> dict | None:
+def _run_one(label, engines, hf, peer, work: Workload, cfg: ServingBenchConfig) -> dict | None:
     if label in engines:
         return run_engine(engines[label], work, label, cfg.warm)
     if label == "transformers":
         from radixserve.bench.transformers_peer import run_transformers
 
         return compute_thread.call(lambda: run_transformers(hf, work, cfg.hf_batch))
-    if cfg.vllm_python is None:
-        return None
-    from radixserve.bench.vllm_peer import run_vllm
-
-    return run_vllm(cfg.vllm_python, cfg.model, work, cfg.page_size, cfg.dtype, cfg.warm)
+    return None if peer is None else peer.run(work, cfg.warm)
 
 
 def _kv_sweep(

@@ -1,9 +1,10 @@
-"""vLLM (with automatic prefix caching) on a serving workload, in its own interpreter.
+"""vLLM (with automatic prefix caching) on serving workloads, in its own interpreter.
 
 vLLM lives in a virtual environment of its own (see ``../shared/peers.md``), never as a
-dependency of radixserve. ``run_vllm`` writes the workload to JSON and runs this file with
-that environment's Python; run as a script, the file imports only vLLM and the standard
-library, times ``generate`` wave by wave, and writes the timings back.
+dependency of radixserve. ``VllmPeer`` runs this file with that environment's Python once
+per benchmark run, like a server that stays up: a workload goes in as one JSON line on its
+stdin, its timings come back as one JSON line. Each pass starts from an empty prefix cache.
+Run as a script, the file imports only vLLM and the standard library.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -20,70 +22,110 @@ import time
 from pathlib import Path
 
 
-def run_vllm(
-    python: str, model: str, workload, page_size: int, dtype: str = "float32", warm: bool = False
-) -> dict:
-    """The row for vLLM on ``workload``, the same checkpoint exported to a directory
-    (timed over a second pass when ``warm``, like ``run_engine``)."""
-    from radixserve.engine import compute_thread
-    from radixserve.model.presets import PRESETS, export_preset
+class VllmPeer:
+    """One vLLM process for a whole run. Started per round, each of its exits left the
+    next seconds of this VM slow (steal time), and that landed on the neighbour's round."""
 
-    with tempfile.TemporaryDirectory(prefix="radixserve-vllm-") as tmp:
-        # built on the engines' compute thread: torch work on this thread would start a
-        # second OpenMP team, which slows every engine of this process (compute_thread.py)
-        model_dir = (
-            str(compute_thread.call(lambda: export_preset(model, Path(tmp) / "model")))
-            if model in PRESETS
-            else model
-        )
+    def __init__(self, python: str, model: str, page_size: int, dtype: str = "float32"):
+        from radixserve.engine import compute_thread
+        from radixserve.model.presets import PRESETS, export_preset
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="radixserve-vllm-")
+        self._proc: subprocess.Popen | None = None
+        self._log = Path(self._tmp.name) / "stderr.txt"
+        try:
+            # built on the engines' compute thread: torch work on this thread would start a
+            # second OpenMP team, which slows every engine of this process (compute_thread.py)
+            model_dir = (
+                str(compute_thread.call(lambda: export_preset(model, Path(self._tmp.name) / "m")))
+                if model in PRESETS
+                else model
+            )
+            setup = {
+                "model_dir": model_dir,
+                "block_size": -(-page_size // 32) * 32,  # its CPU attention wants 32s
+                "dtype": dtype,
+            }
+            env = {
+                **os.environ,
+                "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",
+                "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+                "VLLM_CPU_KVCACHE_SPACE": "4",
+            }
+            # its own process group, so that vLLM's workers go with it whatever happens
+            # here; its log in a file, which a worker still holding it cannot keep open
+            with self._log.open("w") as err:
+                self._proc = subprocess.Popen(
+                    [python, __file__, json.dumps(setup)],
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    start_new_session=True,
+                )
+            self._reply()  # loaded and warmed up
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, workload, warm: bool = False) -> dict:
+        """The row for vLLM on ``workload`` (timed over a second pass when ``warm``, like
+        ``run_engine``)."""
         job = {
-            "model_dir": model_dir,
-            "block_size": -(-page_size // 32) * 32,  # its CPU attention wants multiples of 32
-            "dtype": dtype,
             "warm": warm,
             "waves": [
                 [{"prompt": r.prompt.tolist(), "max_tokens": r.max_tokens} for r in wave]
                 for wave in workload.waves
             ],
         }
-        src, dst = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        src.write_text(json.dumps(job))
-        env = {
-            **os.environ,
-            "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",
-            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-            "VLLM_CPU_KVCACHE_SPACE": "4",
+        try:
+            self._proc.stdin.write(json.dumps(job).encode() + b"\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it has gone: _reply says why
+        result = self._reply()
+        prompt = workload.prompt_tokens
+        outputs = sum(r.max_tokens for r in workload.requests)
+        return {
+            "workload": workload.name,
+            "config": "vllm",
+            "requests": len(workload.requests),
+            "seconds": result["seconds"],
+            "req_s": len(workload.requests) / result["seconds"],
+            "tok_s": (prompt + outputs) / result["seconds"],
+            "hit_rate": result["cached_tokens"] / prompt,
+            "prefill_tokens": prompt - result["cached_tokens"],
         }
-        # its own process group, so that vLLM's workers go with it whatever happens here;
-        # its log in a file, which a worker still holding it cannot keep open-ended
-        log = Path(tmp) / "stderr.txt"
-        with log.open("w") as err:
-            proc = subprocess.Popen(
-                [python, __file__, str(src), str(dst)],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                start_new_session=True,
-            )
-            try:
-                proc.wait()
-            finally:
-                _kill_group(proc.pid)
-        if proc.returncode != 0:
-            raise RuntimeError(f"vLLM run failed:\n{log.read_text()[-3000:]}")
-        result = json.loads(dst.read_text())
-    prompt = workload.prompt_tokens
-    outputs = sum(r.max_tokens for r in workload.requests)
-    return {
-        "workload": workload.name,
-        "config": "vllm",
-        "requests": len(workload.requests),
-        "seconds": result["seconds"],
-        "req_s": len(workload.requests) / result["seconds"],
-        "tok_s": (prompt + outputs) / result["seconds"],
-        "hit_rate": result["cached_tokens"] / prompt,
-        "prefill_tokens": prompt - result["cached_tokens"],
-    }
+
+    def _reply(self) -> dict:
+        """Its next line, or its log once it has exited without one (a worker that
+        inherited the pipe may keep it open: the process's exit decides, not EOF)."""
+        fd, data = self._proc.stdout.fileno(), b""
+        while not data.endswith(b"\n"):
+            if select.select([fd], [], [], 0.2)[0]:
+                chunk = os.read(fd, 1 << 16)
+                data += chunk
+                if chunk:
+                    continue
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"vLLM run failed:\n{self._log.read_text()[-3000:]}")
+        return json.loads(data)
+
+    def close(self) -> None:
+        if self._proc is not None:
+            _kill_group(self._proc.pid)
+            self._proc.wait()
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                with contextlib.suppress(OSError):
+                    pipe.close()
+            self._proc = None
+        self._tmp.cleanup()
+
+    def __enter__(self) -> VllmPeer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _kill_group(pgid: int, wait_s: float = 10.0) -> None:
@@ -116,12 +158,15 @@ def _die_with(parent: int) -> None:
     _kill_group(os.getpgid(0))
 
 
-def _main(src: str, dst: str) -> None:
+def _main(setup: str) -> None:
     threading.Thread(target=_die_with, args=(os.getppid(),), daemon=True).start()
+    # replies on a private copy of stdout; whatever vLLM prints goes to the log instead
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    job = json.loads(Path(src).read_text())
+    job = json.loads(setup)
     llm = LLM(
         model=job["model_dir"],
         enable_prefix_caching=True,
@@ -130,11 +175,10 @@ def _main(src: str, dst: str) -> None:
         block_size=job["block_size"],
     )
     llm.generate([TokensPrompt(prompt_token_ids=[5, 6, 7])], SamplingParams(max_tokens=2))
-    llm.reset_prefix_cache()
 
-    def send() -> int:
+    def send(waves: list) -> int:
         cached = 0
-        for wave in job["waves"]:
+        for wave in waves:
             prompts = [TokensPrompt(prompt_token_ids=r["prompt"]) for r in wave]
             params = [
                 SamplingParams(max_tokens=r["max_tokens"], temperature=0, ignore_eos=True)
@@ -144,13 +188,17 @@ def _main(src: str, dst: str) -> None:
             cached += sum(o.num_cached_tokens or 0 for o in outs)
         return cached
 
-    if job["warm"]:
-        send()
-    start = time.perf_counter()
-    cached = send()
-    seconds = time.perf_counter() - start
-    Path(dst).write_text(json.dumps({"seconds": seconds, "cached_tokens": cached}))
+    print(json.dumps({"ready": True}), file=replies, flush=True)
+    for line in sys.stdin:
+        work = json.loads(line)
+        llm.reset_prefix_cache()  # the row's hit rate shows a cache it failed to empty
+        if work["warm"]:
+            send(work["waves"])
+        start = time.perf_counter()
+        cached = send(work["waves"])
+        seconds = time.perf_counter() - start
+        print(json.dumps({"seconds": seconds, "cached_tokens": cached}), file=replies, flush=True)
 
 
 if __name__ == "__main__":
-    _main(*sys.argv[1:3])
+    _main(sys.argv[1])

@@ -1,6 +1,7 @@
-"""The vLLM peer runs in another interpreter through a JSON file protocol. A stand-in
-``vllm`` package (vLLM itself is never a test dependency) checks that protocol end to end:
-the checkpoint directory, the block size, token prompts wave by wave, greedy settings."""
+"""The vLLM peer runs in another interpreter, one JSON line per workload each way. A
+stand-in ``vllm`` package (vLLM itself is never a test dependency) checks that protocol end
+to end: the checkpoint directory, the block size, token prompts wave by wave, greedy
+settings, an empty prefix cache at the start of each pass."""
 
 import contextlib
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from radixserve.bench.vllm_peer import run_vllm
+from radixserve.bench.vllm_peer import VllmPeer
 from radixserve.bench.workloads import Request, Workload
 
 FAKE_VLLM = """
@@ -70,12 +71,16 @@ def test_run_vllm_speaks_the_json_protocol(tmp_path, monkeypatch):
         Request(np.concatenate([shared, [40 + i]]).astype(np.int32), 4, wave=i // 2)
         for i in range(4)
     ]
-    row = run_vllm(sys.executable, "tiny", Workload("w", "test", reqs), page_size=16)
-    assert row["config"] == "vllm" and row["requests"] == 4 and row["seconds"] > 0
-    # the first request computes the 32 shared tokens; the other three hit both blocks
-    assert row["hit_rate"] == 3 * 32 / (4 * 33)
+    work = Workload("w", "test", reqs)
+    with VllmPeer(sys.executable, "tiny", page_size=16) as peer:
+        rows = [peer.run(work), peer.run(work), peer.run(work, warm=True)]
+    assert all(r["config"] == "vllm" and r["requests"] == 4 and r["seconds"] > 0 for r in rows)
+    # cold: the first request computes the 32 shared tokens, the other three hit both
+    # blocks, in each pass alike; warm: every request hits both blocks
+    assert rows[0]["hit_rate"] == rows[1]["hit_rate"] == 3 * 32 / (4 * 33)
+    assert rows[2]["hit_rate"] == 4 * 32 / (4 * 33)
     calls = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(calls) == 3  # a warm-up, then one generate per wave
+    assert len(calls) == 1 + 2 + 2 + 4  # a warm-up, then one generate per wave and pass
     assert calls[-1][-1] == [33, 4, 0, True]
 
 
@@ -114,7 +119,7 @@ def test_a_failed_vllm_run_leaves_no_worker_behind(tmp_path, monkeypatch):
 
     def run():
         try:
-            run_vllm(sys.executable, "tiny", work, page_size=16)
+            VllmPeer(sys.executable, "tiny", page_size=16).run(work)
         except RuntimeError as exc:
             errors.append(str(exc))
 
