@@ -4,7 +4,8 @@ vLLM lives in a virtual environment of its own (see ``../shared/peers.md``), nev
 dependency of radixserve. ``VllmPeer`` runs this file with that environment's Python once
 per benchmark run, like a server that stays up: a workload goes in as one JSON line on its
 stdin, its timings come back as one JSON line. Each pass starts from an empty prefix cache.
-Run as a script, the file imports only vLLM and the standard library.
+Run as a script, the file imports only vLLM and the standard library (and, as ``--watch``,
+only the standard library).
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 
 class VllmPeer:
-    """One vLLM process for a whole run. Started per round, each of its exits left the
-    next seconds of this VM slow (steal time), and that landed on the neighbour's round."""
+    """One vLLM process for a whole run, stopped (SIGSTOP) between its passes. Started per
+    round, each of its exits left the next seconds of this VM slow (steal time); left
+    running, its idle threads (a worker polling for a second after each pass, gloo's loops
+    waking hundreds of times a second) preempt the other engine's two threads. Stopped, it
+    takes no CPU at all while the other side runs; a watcher process outside its group
+    kills it if this process dies, since a stopped process notices nothing itself."""
 
     def __init__(self, python: str, model: str, page_size: int, dtype: str = "float32"):
         from radixserve.engine import compute_thread
@@ -32,6 +36,7 @@ class VllmPeer:
 
         self._tmp = tempfile.TemporaryDirectory(prefix="radixserve-vllm-")
         self._proc: subprocess.Popen | None = None
+        self._watcher: subprocess.Popen | None = None
         self._log = Path(self._tmp.name) / "stderr.txt"
         try:
             # built on the engines' compute thread: torch work on this thread would start a
@@ -63,7 +68,12 @@ class VllmPeer:
                     stderr=err,
                     start_new_session=True,
                 )
+            self._watcher = subprocess.Popen(
+                [sys.executable, __file__, "--watch", str(os.getpid()), str(self._proc.pid)],
+                start_new_session=True,
+            )
             self._reply()  # loaded and warmed up
+            os.killpg(self._proc.pid, signal.SIGSTOP)
         except BaseException:
             self.close()
             raise
@@ -78,12 +88,14 @@ class VllmPeer:
                 for wave in workload.waves
             ],
         }
+        os.killpg(self._proc.pid, signal.SIGCONT)
         try:
             self._proc.stdin.write(json.dumps(job).encode() + b"\n")
             self._proc.stdin.flush()
         except BrokenPipeError:
             pass  # it has gone: _reply says why
         result = self._reply()
+        os.killpg(self._proc.pid, signal.SIGSTOP)
         prompt = workload.prompt_tokens
         outputs = sum(r.max_tokens for r in workload.requests)
         return {
@@ -119,6 +131,10 @@ class VllmPeer:
                 with contextlib.suppress(OSError):
                     pipe.close()
             self._proc = None
+        if self._watcher is not None:
+            self._watcher.kill()
+            self._watcher.wait()
+            self._watcher = None
         self._tmp.cleanup()
 
     def __enter__(self) -> VllmPeer:
@@ -150,16 +166,15 @@ def _group_running(pgid: int) -> bool:
     return False
 
 
-def _die_with(parent: int) -> None:
-    """Kill this process group (vLLM's workers ignore SIGTERM) once ``parent`` is gone: a
-    benchmark killed outright runs no cleanup of its own."""
-    while os.getppid() == parent:
+def _watch(owner: int, group: int) -> None:
+    """Kill ``group`` (vLLM's workers ignore SIGTERM, and a stopped process takes only
+    SIGKILL) once ``owner`` is gone: a benchmark killed outright runs no cleanup."""
+    while os.getppid() == owner:
         time.sleep(0.5)
-    _kill_group(os.getpgid(0))
+    _kill_group(group)
 
 
 def _main(setup: str) -> None:
-    threading.Thread(target=_die_with, args=(os.getppid(),), daemon=True).start()
     # replies on a private copy of stdout; whatever vLLM prints goes to the log instead
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
@@ -201,4 +216,7 @@ def _main(setup: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    if sys.argv[1] == "--watch":
+        _watch(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        _main(sys.argv[1])

@@ -7,9 +7,11 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +136,42 @@ def test_a_failed_vllm_run_leaves_no_worker_behind(tmp_path, monkeypatch):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker, signal.SIGKILL)
+
+
+OWNER = """
+import os, sys, time
+import numpy as np
+from radixserve.bench.vllm_peer import VllmPeer
+from radixserve.bench.workloads import Request, Workload
+
+peer = VllmPeer(sys.executable, "tiny", page_size=16)
+peer.run(Workload("w", "test", [Request(np.arange(3, 10, dtype=np.int32), 2)]))
+print(peer._proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_stopped_peer_dies_with_its_owner(tmp_path, monkeypatch):
+    """Between passes the peer is stopped, where it cannot watch its owner; the watcher
+    process kills it when the owner is killed outright."""
+    pkg = tmp_path / "site" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM))
+    (pkg / "inputs.py").write_text(
+        "def TokensPrompt(prompt_token_ids):\n    return {'prompt_token_ids': prompt_token_ids}\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(tmp_path / "calls.jsonl"))
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    try:
+        peer = int(owner.stdout.readline())
+        assert Path(f"/proc/{peer}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 20
+        while _running(peer) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(peer)
+    finally:
+        owner.kill()
+        owner.wait()
