@@ -88,7 +88,8 @@ class VllmPeer:
                 for wave in workload.waves
             ],
         }
-        os.killpg(self._proc.pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # gone: _reply says why
+            os.killpg(self._proc.pid, signal.SIGCONT)
         try:
             self._proc.stdin.write(json.dumps(job).encode() + b"\n")
             self._proc.stdin.flush()
