@@ -58,7 +58,7 @@ class LLM:
 """
 
 
-def test_run_vllm_speaks_the_json_protocol(tmp_path, monkeypatch):
+def test_the_peer_speaks_the_json_line_protocol(tmp_path, monkeypatch):
     pkg = tmp_path / "site" / "vllm"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM))
