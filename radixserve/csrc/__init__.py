@@ -10,6 +10,8 @@ callers keep their torch/Python paths, which are also the references the tests c
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -48,16 +50,34 @@ def load_native(march: str = "native") -> ModuleType | None:
 
         _put_ninja_on_path()
         here = Path(__file__).parent
-        return cpp_extension.load(
-            name=_module_name(march),
-            sources=[str(here / s) for s in SOURCES],
-            extra_cflags=[*_FLAGS, f"-march={march}"],
-            verbose=False,
-        )
+        name = _module_name(march)
+        with sole_builder(Path(cpp_extension._get_build_directory(name, False))):
+            return cpp_extension.load(
+                name=name,
+                sources=[str(here / s) for s in SOURCES],
+                extra_cflags=[*_FLAGS, f"-march={march}"],
+                verbose=False,
+            )
     except Exception as exc:  # a missing compiler surfaces as many different exception types
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         logger.warning("native kernels unavailable, using the torch/Python paths: %s", reason)
         return None
+
+
+@contextlib.contextmanager
+def sole_builder(build_dir: Path):
+    """One radixserve process at a time builds or loads in ``build_dir``, by an flock the
+    kernel drops when its holder dies. torch's own lock file there, left by a build that was
+    killed, makes every later load wait forever; under the flock it can only be such a
+    leftover, and it goes."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "radixserve.flock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            logger.warning("removing %s, left by an interrupted build", stale)
+            stale.unlink(missing_ok=True)
+        yield
 
 
 def torch_has_bf16_instructions(amx_only: bool = False) -> bool:

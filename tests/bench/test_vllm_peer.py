@@ -100,12 +100,16 @@ class LLM:
 """
 
 
-def _running(pid: int) -> bool:
+def _state(pid: int) -> str | None:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
-        return False
-    return state != "Z"  # a zombie has stopped; only its parent's reaping is left
+        return None
+
+
+def _running(pid: int) -> bool:
+    # a zombie has stopped; only its parent's reaping is left
+    return _state(pid) not in (None, "Z")
 
 
 def test_a_failed_vllm_run_leaves_no_worker_behind(tmp_path, monkeypatch):
@@ -165,7 +169,10 @@ def test_a_stopped_peer_dies_with_its_owner(tmp_path, monkeypatch):
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
     try:
         peer = int(owner.stdout.readline())
-        assert Path(f"/proc/{peer}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+        deadline = time.monotonic() + 20  # the stop signal lands asynchronously
+        while _state(peer) != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _state(peer) == "T"
         owner.kill()
         owner.wait()
         deadline = time.monotonic() + 20

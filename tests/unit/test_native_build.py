@@ -4,6 +4,7 @@ kernels cannot be built."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,3 +100,21 @@ def test_a_failed_build_falls_back_with_one_log_line(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "fell back" in result.stdout
     assert result.stderr.count("native kernels unavailable") == 1
+
+
+@needs_native
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load():
+    """torch's loader waits for its lock file to go; a build killed mid-way leaves it, and
+    every later start hung on it before ``sole_builder``."""
+    from torch.utils import cpp_extension
+
+    from radixserve.csrc import _module_name
+
+    lock = Path(cpp_extension._get_build_directory(_module_name("native"), False)) / "lock"
+    lock.touch()
+    try:
+        code = "from radixserve.csrc import load_native; assert load_native() is not None"
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+        assert not lock.exists()
+    finally:
+        lock.unlink(missing_ok=True)
