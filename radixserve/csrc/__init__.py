@@ -50,10 +50,9 @@ def load_native(march: str = "native") -> ModuleType | None:
 
         _put_ninja_on_path()
         here = Path(__file__).parent
-        name = _module_name(march)
-        with sole_builder(Path(cpp_extension._get_build_directory(name, False))):
+        with _sole_builder(build_directory(march)):
             return cpp_extension.load(
-                name=name,
+                name=_module_name(march),
                 sources=[str(here / s) for s in SOURCES],
                 extra_cflags=[*_FLAGS, f"-march={march}"],
                 verbose=False,
@@ -64,13 +63,19 @@ def load_native(march: str = "native") -> ModuleType | None:
         return None
 
 
+def build_directory(march: str = "native") -> Path:
+    """Where torch's loader builds the module for ``march`` (it creates the folder)."""
+    from torch.utils import cpp_extension
+
+    return Path(cpp_extension._get_build_directory(_module_name(march), False))
+
+
 @contextlib.contextmanager
-def sole_builder(build_dir: Path):
+def _sole_builder(build_dir: Path):
     """One radixserve process at a time builds or loads in ``build_dir``, by an flock the
     kernel drops when its holder dies. torch's own lock file there, left by a build that was
     killed, makes every later load wait forever; under the flock it can only be such a
     leftover, and it goes."""
-    build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / "radixserve.flock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         stale = build_dir / "lock"

@@ -58,15 +58,20 @@ class LLM:
 """
 
 
-def test_the_peer_speaks_the_json_line_protocol(tmp_path, monkeypatch):
+def _install(tmp_path, monkeypatch, source: str) -> None:
+    """A stand-in ``vllm`` package from ``source``, on the peer's import path."""
     pkg = tmp_path / "site" / "vllm"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM))
+    (pkg / "__init__.py").write_text(textwrap.dedent(source))
     (pkg / "inputs.py").write_text(
         "def TokensPrompt(prompt_token_ids):\n    return {'prompt_token_ids': prompt_token_ids}\n"
     )
-    log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+
+
+def test_the_peer_speaks_the_json_line_protocol(tmp_path, monkeypatch):
+    log = tmp_path / "calls.jsonl"
+    _install(tmp_path, monkeypatch, FAKE_VLLM)
     monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
     shared = np.arange(3, 35, dtype=np.int32)
     reqs = [
@@ -113,12 +118,8 @@ def _running(pid: int) -> bool:
 
 
 def test_a_failed_vllm_run_leaves_no_worker_behind(tmp_path, monkeypatch):
-    pkg = tmp_path / "site" / "vllm"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(textwrap.dedent(STUBBORN_WORKER))
-    (pkg / "inputs.py").write_text("TokensPrompt = dict\n")
     pid_file = tmp_path / "worker.pid"
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    _install(tmp_path, monkeypatch, STUBBORN_WORKER)
     monkeypatch.setenv("FAKE_VLLM_WORKER", str(pid_file))
     work = Workload("w", "test", [Request(np.arange(3, 10, dtype=np.int32), 2)])
     errors = []
@@ -158,13 +159,7 @@ time.sleep(600)
 def test_a_stopped_peer_dies_with_its_owner(tmp_path, monkeypatch):
     """Between passes the peer is stopped, where it cannot watch its owner; the watcher
     process kills it when the owner is killed outright."""
-    pkg = tmp_path / "site" / "vllm"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(textwrap.dedent(FAKE_VLLM))
-    (pkg / "inputs.py").write_text(
-        "def TokensPrompt(prompt_token_ids):\n    return {'prompt_token_ids': prompt_token_ids}\n"
-    )
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    _install(tmp_path, monkeypatch, FAKE_VLLM)
     monkeypatch.setenv("FAKE_VLLM_LOG", str(tmp_path / "calls.jsonl"))
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
     try:

@@ -4,7 +4,6 @@ kernels cannot be built."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.cache import RadixCache
-from radixserve.csrc import load_native, native_available
+from radixserve.csrc import build_directory, load_native, native_available
 from radixserve.memory import KVSlotAllocator
 
 from .tree_utils import alloc_and_insert
@@ -105,12 +104,8 @@ def test_a_failed_build_falls_back_with_one_log_line(tmp_path):
 @needs_native
 def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load():
     """torch's loader waits for its lock file to go; a build killed mid-way leaves it, and
-    every later start hung on it before ``sole_builder``."""
-    from torch.utils import cpp_extension
-
-    from radixserve.csrc import _module_name
-
-    lock = Path(cpp_extension._get_build_directory(_module_name("native"), False)) / "lock"
+    every later start hung on it before ``_sole_builder``."""
+    lock = build_directory() / "lock"
     lock.touch()
     try:
         code = "from radixserve.csrc import load_native; assert load_native() is not None"
