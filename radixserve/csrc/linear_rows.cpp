@@ -69,8 +69,8 @@ template <typename W, int B, int R>
 void tile(const float* x, int64_t in, const W* w, float* y, int64_t out, Prefetch& pf) {
   Vec acc[B][R] = {};
   int64_t k = 0;
-  for (int64_t i = 0; k + kLanes <= in; k += kLanes, ++i) {
-    pf.step(i);
+  for (; k + kLanes <= in; k += kLanes) {
+    pf.step();
     Vec wv[B];
     for (int b = 0; b < B; ++b) wv[b] = loadv(w + b * in + k);
     for (int r = 0; r < R; ++r) {

@@ -51,11 +51,11 @@ void tile(const float* x, int64_t in, const float* p, float* y, int64_t out, int
           Prefetch& pf) {
   Vec acc[R][kVecs] = {};
   for (int64_t k = 0; k < in; ++k) {
-    pf.step(k);
+    pf.step();
     Vec w[kVecs];
     for (int v = 0; v < kVecs; ++v) w[v] = loadv(p + k * kWidth + v * kLanes);
     for (int r = 0; r < R; ++r) {
-      const Vec xb = Vec{} + x[r * in + k];
+      const Vec xb = splat<Vec>(x[r * in + k]);
       for (int v = 0; v < kVecs; ++v) acc[r][v] += w[v] * xb;
     }
   }
@@ -172,7 +172,7 @@ void tile_bf16(const uint16_t* x, int64_t in, const uint16_t* p, uint16_t* y, in
   };
   const int64_t full = in / 2;
   for (int64_t kp = 0; kp < full; ++kp) {
-    pf.step(kp);
+    pf.step();
     step(kp, broadcast_pair);
   }
   if (in % 2) step(full, [](const uint16_t* xp) { return _mm512_set1_epi32(*xp); });

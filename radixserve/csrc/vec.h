@@ -62,9 +62,11 @@ inline float to_float(uint16_t x) {
   return f;
 }
 
+// x in every lane. Written as x - 0, which the compiler folds to a plain broadcast (0 + x is
+// not x for x = -0, so that form costs an add and a register shuffle per call).
 template <typename V = f8>
 inline V splat(float x) {
-  return V{} + x;
+  return x - V{};
 }
 
 template <typename V>
@@ -119,9 +121,10 @@ inline float hsum(f8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-// Lines of memory handed to the prefetcher: `per` lines every `every` loop steps, so that a
-// whole next block is asked for within the current block's arithmetic, however few its rows.
-// kLocality is __builtin_prefetch's hint (3: into L1, 2: into L2).
+// Lines of memory handed to the prefetcher: `per` lines every `every` calls of step(), so that
+// a whole next block is asked for within the current block's arithmetic, however few its rows.
+// kLocality is __builtin_prefetch's hint (3: into L1, 2: into L2). A countdown, not a
+// division: step() runs in the innermost loops.
 constexpr int64_t kCacheLine = 64;
 
 template <int kLocality>
@@ -130,9 +133,11 @@ struct LinePrefetch {
   const char* end;
   int64_t every;
   int64_t per;
+  int64_t wait = 0;  // calls until the next lines
 
-  void step(int64_t i) {
-    if (i % every != 0) return;
+  void step() {
+    if (wait-- > 0) return;
+    wait = every - 1;
     for (int64_t l = 0; l < per && next < end; ++l, next += kCacheLine) {
       __builtin_prefetch(next, 0, kLocality);
     }
