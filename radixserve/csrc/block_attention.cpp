@@ -13,6 +13,7 @@
 // instruction. The weights are rounded to bfloat16 for their product with V, as torch's
 // flash kernel rounds them; scores, softmax and sums stay float32.
 #include "block_attention.h"
+#include "scratch.h"
 #include "vec.h"
 
 #include <ATen/Parallel.h>
@@ -24,8 +25,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
-#include <vector>
 
 namespace radixserve {
 namespace {
@@ -297,34 +298,36 @@ void run(const BlockInput<T>& in, float* out, float* lse) {
   const int64_t dim = in.head_dim, n_panels = (in.keys + kWidth - 1) / kWidth;
   const int64_t pairs = std::is_same_v<T, float> ? 0 : (in.keys + 1) / 2;
   Block<T> block{in, in.heads / in.kv_heads, n_panels, nullptr, nullptr, out, lse};
-  std::vector<Word<T>> panels(in.kv_heads * n_panels * block.depth() * kWidth);
-  std::vector<Word<T>> values(in.kv_heads * pairs * dim);
+  // every value is written by the packing: no zeroing first
+  const std::unique_ptr<Word<T>[]> panels(
+      new Word<T>[in.kv_heads * n_panels * block.depth() * kWidth]);
+  const std::unique_ptr<Word<T>[]> values(new Word<T>[in.kv_heads * pairs * dim]);
   const int64_t pack_units = n_panels + pairs;
   at::parallel_for(0, in.kv_heads * pack_units, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t h = i / pack_units, u = i % pack_units;
       if (u < n_panels) {
-        block.pack_panel(h, u, panels.data() + (h * n_panels + u) * block.depth() * kWidth);
+        block.pack_panel(h, u, panels.get() + (h * n_panels + u) * block.depth() * kWidth);
       } else {
-        block.pack_values(h, u - n_panels, values.data() + (h * pairs + u - n_panels) * dim);
+        block.pack_values(h, u - n_panels, values.get() + (h * pairs + u - n_panels) * dim);
       }
     }
   });
-  block.panels = panels.data();
-  block.values = values.data();
+  block.panels = panels.get();
+  block.values = values.get();
   const int64_t tiles = (in.tokens * block.group + kRows - 1) / kRows;
   const int64_t ld = block.ld();
   // scores, outputs, q rows and bfloat16 weights (as floats, rounded up)
   const int64_t buf_floats = kRows * (ld + dim) + kRows * (dim + ld) * sizeof(T) / 4;
   at::parallel_for(0, in.kv_heads * tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(buf_floats);
+    float* buf = scratch<float, 22>(buf_floats);
     for (int64_t i = begin; i < end; ++i) {
       // KV head by KV head, so a thread's next tile reads the panels and values already in
       // its cache; within one, first, last, second, second to last, ...: a contiguous share
       // of the work holds causal tiles of every length, not only the short or long ones.
       const int64_t slot = i % tiles;
       const int64_t t = slot % 2 == 0 ? slot / 2 : tiles - 1 - slot / 2;
-      block.tile(i / tiles, t * kRows, buf.data());
+      block.tile(i / tiles, t * kRows, buf);
     }
   });
 }

@@ -12,6 +12,7 @@
 // (block_attention.h). What the paths share: paged_parts.h.
 #include "block_attention.h"
 #include "paged_parts.h"
+#include "scratch.h"
 
 #include <ATen/Parallel.h>
 
@@ -36,20 +37,25 @@ constexpr int64_t kAhead = 32;  // keys between a prefetch and its use
 // zeros.
 template <typename KV>
 struct KeyStep {
-  std::vector<f8> k_buf, v_buf;
-  std::vector<KV> zeros;
+  f8* k_buf;
+  f8* v_buf;
+  KV* zeros;
 
   explicit KeyStep(int64_t D)
-      : k_buf(kKeys * D / kLanes + 1), v_buf(kKeys * D / kLanes + 1), zeros(D) {}
+      : k_buf(scratch<f8, 10>(kKeys * D / kLanes + 1)),
+        v_buf(scratch<f8, 11>(kKeys * D / kLanes + 1)),
+        zeros(scratch<KV, 12>(D)) {
+    std::fill(zeros, zeros + D, KV{});
+  }
 
-  float* k_base() { return reinterpret_cast<float*>(k_buf.data()); }
-  float* v_base() { return reinterpret_cast<float*>(v_buf.data()); }
+  float* k_base() { return reinterpret_cast<float*>(k_buf); }
+  float* v_base() { return reinterpret_cast<float*>(v_buf); }
 
   void load(const Pools<KV>& pools, const int64_t* slots, int64_t n, int64_t head, int64_t D) {
     for (int64_t j = 0; j < kKeys; ++j) {
       const int64_t off = slots[std::min(j, n - 1)] * pools.row_stride + head * D;
-      pack(j < n ? pools.k + off : zeros.data(), k_base() + j * D, D);
-      pack(j < n ? pools.v + off : zeros.data(), v_base() + j * D, D);
+      pack(j < n ? pools.k + off : zeros, k_base() + j * D, D);
+      pack(j < n ? pools.v + off : zeros, v_base() + j * D, D);
     }
   }
 
@@ -149,9 +155,12 @@ void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
 
   // Vector (h, vec), index h * nvec + vec, holds queries i = vec * kQLanes + lane of KV head h:
   // row i / G, query head h * G + i % G.
-  std::vector<QV> qt(HKV * nvec * D), ot(HKV * nvec * D), m(HKV * nvec), l(HKV * nvec),
-      seen(HKV * nvec);
-  std::vector<int64_t> seen_max(HKV * nvec);
+  QV* qt = scratch<QV, 13>(HKV * nvec * D);
+  QV* ot = scratch<QV, 14>(HKV * nvec * D);
+  QV* m = scratch<QV, 15>(HKV * nvec);
+  QV* l = scratch<QV, 16>(HKV * nvec);
+  QV* seen = scratch<QV, 17>(HKV * nvec);
+  int64_t* seen_max = scratch<int64_t, 18>(HKV * nvec);
   int64_t max_seen = 0;
   for (int64_t h = 0; h < HKV; ++h) {
     for (int64_t vec = 0; vec < nvec; ++vec) {
@@ -192,8 +201,7 @@ void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
       for (int64_t vec = 0; vec < nvec; vec += 2) {
         const int64_t hv = h * nvec + vec;
         if (kWideStep && vec + 4 <= nvec && seen_max[hv + 3] > t0 && seen_max[hv] > t0) {
-          attend_step<4>(qt.data() + hv * D, ot.data() + hv * D, &m[hv], &l[hv], &seen[hv], kb,
-                         vb, t0, D);
+          attend_step<4>(qt + hv * D, ot + hv * D, &m[hv], &l[hv], &seen[hv], kb, vb, t0, D);
           vec += 2;
           continue;
         }
@@ -201,11 +209,10 @@ void run_item(const float* q, const Pools<KV>& pools, const int64_t* item,
         const bool second = vec + 1 < nvec && seen_max[hv + 1] > t0;
         const int64_t one = first ? hv : hv + 1;
         if (first && second) {
-          attend_step<2>(qt.data() + hv * D, ot.data() + hv * D, &m[hv], &l[hv], &seen[hv], kb,
-                         vb, t0, D);
+          attend_step<2>(qt + hv * D, ot + hv * D, &m[hv], &l[hv], &seen[hv], kb, vb, t0, D);
         } else if (first || second) {
-          attend_step<1>(qt.data() + one * D, ot.data() + one * D, &m[one], &l[one], &seen[one],
-                         kb, vb, t0, D);
+          attend_step<1>(qt + one * D, ot + one * D, &m[one], &l[one], &seen[one], kb, vb, t0,
+                         D);
         }
       }
     }

@@ -1,5 +1,6 @@
 // The paged kernel's few-query path: see paged_parts.h and paged_attention.cpp.
 #include "paged_parts.h"
+#include "scratch.h"
 
 #ifdef __AVX__
 #include <immintrin.h>
@@ -9,7 +10,6 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
-#include <vector>
 
 namespace radixserve::paged {
 namespace {
@@ -215,8 +215,13 @@ void run_item_few(const float* q, const Pools<KV>& pools, const Item& it,
   const int64_t* slots = pools.slots + it.key_start;
 
   // Query (h, i), index h * NQ + i: row i / G, query head h * G + i % G; in chunk order.
-  std::vector<FV> qv(HKV * NQ * C), ov(HKV * NQ * C, FV{});
-  std::vector<float> m(HKV * NQ, kNone), l(HKV * NQ, 0.0f);
+  FV* qv = scratch<FV, 0>(HKV * NQ * C);
+  FV* ov = scratch<FV, 1>(HKV * NQ * C);
+  float* m = scratch<float, 2>(HKV * NQ);
+  float* l = scratch<float, 3>(HKV * NQ);
+  std::fill(ov, ov + HKV * NQ * C, FV{});
+  std::fill(m, m + HKV * NQ, kNone);
+  std::fill(l, l + HKV * NQ, 0.0f);
   int64_t visible[NQ], max_seen = 0;
   for (int64_t i = 0; i < NQ; ++i) {
     visible[i] = it.visible(i / G);
@@ -229,12 +234,14 @@ void run_item_few(const float* q, const Pools<KV>& pools, const Item& it,
     }
   }
 
-  const std::vector<KV> zeros(D);  // the row of a missing key: a zero score weight, no NaN
+  KV* zeros = scratch<KV, 4>(D);  // the row of a missing key: a zero score weight, no NaN
+  std::fill(zeros, zeros + D, KV{});
   const KV* k_row[kFewKeys];
   const KV* v_row[kFewKeys];
   // Float rows are read in place; bfloat16 rows are widened once per step, for all queries.
   constexpr bool kWiden = !std::is_same_v<KV, float>;
-  std::vector<FV> k_wide(kWiden ? kFewKeys * C : 0), v_wide(kWiden ? kFewKeys * C : 0);
+  FV* k_wide = scratch<FV, 5>(kWiden ? kFewKeys * C : 0);
+  FV* v_wide = scratch<FV, 6>(kWiden ? kFewKeys * C : 0);
   const auto k_chunk = [&](int64_t j, int64_t c) {
     if constexpr (kWiden) return k_wide[j * C + c];
     return chunk(k_row[j], c);
@@ -253,8 +260,8 @@ void run_item_few(const float* q, const Pools<KV>& pools, const Item& it,
     for (int64_t h = 0; h < HKV; ++h) {
       for (int64_t j = 0; j < kFewKeys; ++j) {
         const int64_t off = slots[t0 + std::min(j, n - 1)] * pools.row_stride + h * D;
-        k_row[j] = j < n ? pools.k + off : zeros.data();
-        v_row[j] = j < n ? pools.v + off : zeros.data();
+        k_row[j] = j < n ? pools.k + off : zeros;
+        v_row[j] = j < n ? pools.v + off : zeros;
         if constexpr (kWiden) {
           for (int64_t c = 0; c < C; ++c) {
             k_wide[j * C + c] = chunk(k_row[j], c);
@@ -262,8 +269,8 @@ void run_item_few(const float* q, const Pools<KV>& pools, const Item& it,
           }
         }
       }
-      few_step<NQ, kD / kW>(qv.data() + h * NQ * C, ov.data() + h * NQ * C, m.data() + h * NQ,
-                            l.data() + h * NQ, valid, n, C, k_chunk, v_chunk, prefetch);
+      few_step<NQ, kD / kW>(qv + h * NQ * C, ov + h * NQ * C, m + h * NQ, l + h * NQ, valid, n,
+                            C, k_chunk, v_chunk, prefetch);
     }
   }
 
