@@ -178,11 +178,14 @@ void tile_bf16(const uint16_t* x, int64_t in, const uint16_t* p, uint16_t* y, in
   if (in % 2) step(full, [](const uint16_t* xp) { return _mm512_set1_epi32(*xp); });
   for (int r = 0; r < R; ++r) {
     alignas(64) uint16_t row[kWidth];
+    // a whole panel's columns go straight to y; the last panel's through `row`, whose
+    // padding columns are not the output's
+    uint16_t* dst = cols == kWidth ? y + r * out : row;
     for (int v = 0; v < kVecs; ++v) {
-      const __m256bh h = _mm512_cvtneps_pbh(acc[r][v]);
-      std::memcpy(row + v * kLanes, &h, sizeof h);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + v * kLanes),
+                          (__m256i)_mm512_cvtneps_pbh(acc[r][v]));
     }
-    std::memcpy(y + r * out, row, cols * sizeof(uint16_t));
+    if (cols < kWidth) std::memcpy(y + r * out, row, cols * sizeof(uint16_t));
   }
 }
 
