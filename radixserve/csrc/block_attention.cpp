@@ -17,7 +17,7 @@
 #include "vec.h"
 
 #include <ATen/Parallel.h>
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -54,6 +54,57 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 typedef float VecU __attribute__((vector_size(sizeof(Vec)), aligned(4), may_alias));
 inline Vec loadv(const float* p) { return *reinterpret_cast<const VecU*>(p); }
 inline void storev(float* p, Vec v) { *reinterpret_cast<VecU*>(p) = v; }
+
+// dst[i * ld + j] = src[j][d0 + i] for i, j < kLanes: kLanes keys' words (32 bits each, moved
+// as they are) turned into vectors along the keys, in registers; a panel's packing took a
+// scalar load and store per word before.
+#if defined(__AVX512F__)
+inline void transpose(const float* const* src, int64_t d0, float* dst, int64_t ld) {
+  __m512 r[16], t[16];
+  for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_ps(src[j] + d0);
+  for (int j = 0; j < 16; j += 2) {  // 32-bit pairs of rows j, j + 1
+    t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+    t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+  }
+  for (int j = 0; j < 16; j += 4) {  // 64-bit pairs
+    for (int u = 0; u < 2; ++u) {
+      const __m512d a = _mm512_castps_pd(t[j + u]), b = _mm512_castps_pd(t[j + u + 2]);
+      r[j + 2 * u] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      r[j + 2 * u + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    }
+  }
+  for (int j = 0; j < 16; j += 8) {  // 128-bit lanes
+    for (int u = 0; u < 4; ++u) {
+      t[j + u] = _mm512_shuffle_f32x4(r[j + u], r[j + u + 4], 0x88);
+      t[j + u + 4] = _mm512_shuffle_f32x4(r[j + u], r[j + u + 4], 0xdd);
+    }
+  }
+  for (int u = 0; u < 8; ++u) {  // 256-bit halves
+    _mm512_storeu_ps(dst + u * ld, _mm512_shuffle_f32x4(t[u], t[u + 8], 0x88));
+    _mm512_storeu_ps(dst + (u + 8) * ld, _mm512_shuffle_f32x4(t[u], t[u + 8], 0xdd));
+  }
+}
+#elif defined(__AVX__)
+inline void transpose(const float* const* src, int64_t d0, float* dst, int64_t ld) {
+  __m256 r[8], t[8];
+  for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(src[j] + d0);
+  for (int j = 0; j < 8; j += 2) {
+    t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+    t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+  }
+  for (int j = 0; j < 8; j += 4) {
+    for (int u = 0; u < 2; ++u) {
+      const __m256d a = _mm256_castps_pd(t[j + u]), b = _mm256_castps_pd(t[j + u + 2]);
+      r[j + 2 * u] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, b));
+      r[j + 2 * u + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, b));
+    }
+  }
+  for (int u = 0; u < 4; ++u) {
+    _mm256_storeu_ps(dst + u * ld, _mm256_permute2f128_ps(r[u], r[u + 4], 0x20));
+    _mm256_storeu_ps(dst + (u + 4) * ld, _mm256_permute2f128_ps(r[u], r[u + 4], 0x31));
+  }
+}
+#endif
 
 // The values of one product step: float32 lanes, or bfloat16 pairs read as 32-bit lanes.
 template <typename T>
@@ -114,10 +165,24 @@ struct Block {
         __builtin_prefetch(next + b);
       }
     }
-    for (int64_t c = 0; c < kWidth; ++c) {
-      const int64_t key = p * kWidth + c;
-      const Word<T>* src = key < in.keys ? words(row(in.k, key) + h * in.head_dim) : nullptr;
-      for (int64_t d = 0; d < depth(); ++d) panel[d * kWidth + c] = src ? src[d] : Word<T>{};
+    // kLanes keys at a time, each key's row turned into a column; missing keys read zeros
+    Word<T>* zeros = scratch<Word<T>, 23>(depth());
+    std::fill(zeros, zeros + depth(), Word<T>{});
+    const Word<T>* src[kLanes];
+    for (int64_t c0 = 0; c0 < kWidth; c0 += kLanes) {
+      for (int j = 0; j < kLanes; ++j) {
+        const int64_t key = p * kWidth + c0 + j;
+        src[j] = key < in.keys ? words(row(in.k, key) + h * in.head_dim) : zeros;
+      }
+      int64_t d = 0;
+#if defined(__AVX512F__) || defined(__AVX__)
+      for (; d + kLanes <= depth(); d += kLanes) {
+        transpose(reinterpret_cast<const float* const*>(src), d,
+                  reinterpret_cast<float*>(panel + d * kWidth + c0), kWidth);
+      }
+#endif
+      for (; d < depth(); ++d)
+        for (int j = 0; j < kLanes; ++j) panel[d * kWidth + c0 + j] = src[j][d];
     }
   }
 
