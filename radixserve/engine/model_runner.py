@@ -84,7 +84,9 @@ class ModelRunner:
         )
         logits = self.loaded.model(fb, self.backend)
         rows = [i for i, w in enumerate(batch.work) if w.samples]
-        return ForwardOutput(logits.last[rows], [batch.work[i].req for i in rows], logits.all)
+        # a decode step samples every row: its logits need no copy
+        last = logits.last if len(rows) == len(batch.work) else logits.last[rows]
+        return ForwardOutput(last, [batch.work[i].req for i in rows], logits.all)
 
 
 @dataclass(frozen=True)
