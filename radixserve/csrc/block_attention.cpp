@@ -56,8 +56,8 @@ inline Vec loadv(const float* p) { return *reinterpret_cast<const VecU*>(p); }
 inline void storev(float* p, Vec v) { *reinterpret_cast<VecU*>(p) = v; }
 
 // dst[i * ld + j] = src[j][d0 + i] for i, j < kLanes: kLanes keys' words (32 bits each, moved
-// as they are) turned into vectors along the keys, in registers; a panel's packing took a
-// scalar load and store per word before.
+// as they are) turned into vectors along the keys in registers, a vector load and store per
+// key rather than a scalar pair per word: a decode step repacks its shared prefix every layer.
 #if defined(__AVX512F__)
 inline void transpose(const float* const* src, int64_t d0, float* dst, int64_t ld) {
   __m512 r[16], t[16];

@@ -1,7 +1,7 @@
 // Working memory a kernel call takes from its thread's own buffers, kept from call to call.
 // The kernels run inside parallel regions, and the engine keeps a single malloc arena
-// (memory/host_malloc.py): a vector allocated per call made both threads queue on that
-// arena's lock, each wait a futex sleep and wake-up, some thousands of times a decode step.
+// (memory/host_malloc.py): memory allocated per call there makes the threads queue on that
+// arena's lock, each wait a futex sleep and wake-up.
 #pragma once
 
 #include <cstddef>
