@@ -165,9 +165,13 @@ struct Block {
         __builtin_prefetch(next + b);
       }
     }
-    // kLanes keys at a time, each key's row turned into a column; missing keys read zeros
-    Word<T>* zeros = scratch<Word<T>, 23>(depth());
-    std::fill(zeros, zeros + depth(), Word<T>{});
+    // kLanes keys at a time, each key's row turned into a column; the keys past the end (in
+    // the last panel only) read a row of zeros
+    Word<T>* zeros = nullptr;
+    if ((p + 1) * kWidth > in.keys) {
+      zeros = scratch<Word<T>, 23>(depth());
+      std::fill(zeros, zeros + depth(), Word<T>{});
+    }
     const Word<T>* src[kLanes];
     for (int64_t c0 = 0; c0 < kWidth; c0 += kLanes) {
       for (int j = 0; j < kLanes; ++j) {
