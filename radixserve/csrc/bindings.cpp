@@ -297,6 +297,17 @@ torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
   return out;
 }
 
+// Each row's argmax, as torch.argmax(x, -1), for float32 [rows, n] (n >= 1).
+torch::Tensor argmax_rows(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.scalar_type() == torch::kFloat32 &&
+                  x.device().is_cpu(),
+              "argmax_rows takes a float32 CPU [rows, n] tensor with n >= 1");
+  x = x.contiguous();
+  auto out = torch::empty({x.size(0)}, x.options().dtype(torch::kInt64));
+  radixserve::argmax_rows(ptr<float>(x), x.size(0), x.size(1), out.data_ptr<int64_t>());
+  return out;
+}
+
 // x [tokens, heads, dim] rotated in place by cos/sin [tokens, dim].
 void rope_inplace(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
   const auto dtype = x.scalar_type();
@@ -341,6 +352,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += x (if given), then weight * rms_norm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("rope_inplace", &rope_inplace, "rotary embedding applied in place");
+  m.def("argmax_rows", &argmax_rows, "each row's argmax (first of ties, first NaN)");
   m.def("decode_layers", &decode_layers, "a decode step's decoder layers in one call");
   m.def("matching_prefix", &matching_prefix, "Agreeing bytes of key[pos:] and edge");
 }

@@ -69,8 +69,8 @@ std::vector<torch::Tensor> run(torch::Tensor x, const std::vector<torch::Tensor>
     }
     auto qkv = on_panels<T>(h, w[1], qkv_width);
     T* q = ptr<T>(qkv);
-    radixserve::rope_inplace<T>(q, rows, shape.heads, dim, qkv_width, ptr<T>(cos), ptr<T>(sin));
-    radixserve::rope_inplace<T>(q + q_width, rows, shape.kv_heads, dim, qkv_width, ptr<T>(cos),
+    // k's heads follow q's in each row: one pass rotates both
+    radixserve::rope_inplace<T>(q, rows, shape.heads + shape.kv_heads, dim, qkv_width, ptr<T>(cos),
                                 ptr<T>(sin));
     T* k_pool = ptr<T>(k_pools[layer]);
     T* v_pool = ptr<T>(v_pools[layer]);

@@ -13,6 +13,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -129,6 +130,48 @@ void rope_inplace(T* x, int64_t tokens, int64_t heads, int64_t dim, int64_t toke
                  keep1<T>(b * to_float(c[i + half])) + keep1<T>(a * to_float(s[i + half])));
         }
       }
+    }
+  });
+}
+
+// A greedy step's tokens: torch's argmax keeps an index beside every lane's running maximum
+// and took ~0.5-0.9 ms for 32 rows of 49,152 logits; a vector max, then a scan for its first
+// occurrence (in cache by then), is two plain passes.
+void argmax_rows(const float* x, int64_t rows, int64_t n, int64_t* out) {
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = x + r * n;
+      f8 mv = splat(-INFINITY);
+      i8 nan = {};
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8) {
+        const f8 v = load8(row + i);
+        mv = vmax(mv, v);
+        nan |= v != v;
+      }
+      float m = -INFINITY;
+      bool has_nan = false;
+      for (int j = 0; j < 8; ++j) {
+        m = std::max(m, mv[j]);
+        has_nan |= nan[j] != 0;
+      }
+      for (; i < n; ++i) {
+        m = std::max(m, row[i]);
+        has_nan |= std::isnan(row[i]);
+      }
+      int64_t at = 0;
+      if (has_nan) {
+        while (!std::isnan(row[at])) ++at;
+      } else {
+        for (at = 0; at + 8 <= n; at += 8) {
+          const i8 hit = load8(row + at) == splat(m);
+          bool any = false;
+          for (int j = 0; j < 8; ++j) any |= hit[j] != 0;
+          if (any) break;
+        }
+        while (row[at] != m) ++at;
+      }
+      out[r] = at;
     }
   });
 }

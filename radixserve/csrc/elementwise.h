@@ -6,6 +6,8 @@
 //                 fused projection, or two tensors)
 //   rope_inplace: x [tokens, heads, dim] (tokens `token_stride` apart) rotated by cos/sin
 //                 [tokens, dim], pairing each half of a head with the other
+//   argmax_rows:  out[r] = the index of row r's largest value (float32 [rows, n]): the first
+//                 of equal ones, or of a row holding NaN its first NaN, as torch.argmax
 #pragma once
 
 #include <cstdint>
@@ -22,5 +24,7 @@ void silu_mul(const T* gate, const T* up, int64_t rows, int64_t dim, int64_t gat
 template <typename T>
 void rope_inplace(T* x, int64_t tokens, int64_t heads, int64_t dim, int64_t token_stride,
                   const T* cos, const T* sin);
+
+void argmax_rows(const float* x, int64_t rows, int64_t n, int64_t* out);
 
 }  // namespace radixserve

@@ -327,17 +327,29 @@ void paged_attention(const float* q, const KV* k_pool, const KV* v_pool, const i
                         part_m.data(), part_l.data());
   }
   // Items differ in size (a long context's chunks, a short suffix): each thread takes the
-  // next unclaimed item, rather than a fixed share of the list.
+  // next unclaimed item, rather than a fixed share of the list. It claims one item ahead, so
+  // that a few-query item can fetch the first keys of the one its thread runs next.
   std::atomic<int64_t> next{0};
+  const auto claim = [&] {
+    int64_t i = next++;
+    while (i < plan.num_items && done[i]) i = next++;
+    return i;
+  };
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    for (int64_t i = next++; i < plan.num_items; i = next++) {
-      if (done[i]) continue;
+    for (int64_t i = claim(); i < plan.num_items;) {
+      const int64_t after = claim();
       const int64_t* item = plan.items + i * kItemFields;
-      auto run = takes_few<KV>(item[1], shape) ? run_few<KV>
-                 : shape.head_dim == 64              ? run_item<64, KV>
-                 : shape.head_dim == 128             ? run_item<128, KV>
-                                                     : run_item<0, KV>;
-      run(q, pools, item, plan, shape, part_o.data(), part_m.data(), part_l.data());
+      if (takes_few<KV>(item[1], shape)) {
+        run_few<KV>(q, pools, item, after < plan.num_items ? plan.items + after * kItemFields
+                                                           : nullptr,
+                    plan, shape, part_o.data(), part_m.data(), part_l.data());
+      } else {
+        auto run = shape.head_dim == 64    ? run_item<64, KV>
+                   : shape.head_dim == 128 ? run_item<128, KV>
+                                           : run_item<0, KV>;
+        run(q, pools, item, plan, shape, part_o.data(), part_m.data(), part_l.data());
+      }
+      i = after;
     }
   });
   at::parallel_for(0, plan.num_tokens, 16, [&](int64_t begin, int64_t end) {

@@ -92,7 +92,9 @@ struct SpreadPrefetch {
   const int64_t* slots;
   int64_t key = 0, end = 0, byte = 0, per_call = 0;
 
-  void start(int64_t begin, int64_t stop, int64_t calls) {
+  // Keys [begin, stop) of `rows` (the pool slots of a stretch of context), spread over `calls`.
+  void start(const int64_t* rows, int64_t begin, int64_t stop, int64_t calls) {
+    slots = rows;
     key = begin;
     end = stop;
     byte = 0;
@@ -207,7 +209,7 @@ inline void few_step(const FV* q, FV* o, float* m, float* l, const int64_t* vali
 }
 
 template <int64_t kD, int NQ, typename KV>
-void run_item_few(const float* q, const Pools<KV>& pools, const Item& it,
+void run_item_few(const float* q, const Pools<KV>& pools, const Item& it, const int64_t* next,
                   const AttentionPlan& plan, const AttentionShape& shape, float* part_o,
                   float* part_m, float* part_l) {
   const int64_t H = shape.heads, HKV = shape.kv_heads, G = H / HKV;
@@ -251,9 +253,16 @@ void run_item_few(const float* q, const Pools<KV>& pools, const Item& it,
     return chunk(v_row[j], c);
   };
   SpreadPrefetch<KV> prefetch{pools, slots};
+  const int64_t calls = HKV * (NQ * kBlocks + C);  // prefetch.issue()s in a step
   for (int64_t t0 = 0; t0 < max_seen; t0 += kFewKeys) {
-    prefetch.start(std::min(t0 + kFewKeys, max_seen), std::min(t0 + 2 * kFewKeys, max_seen),
-                   HKV * (NQ * kBlocks + C));
+    if (t0 + kFewKeys < max_seen) {  // this item's next keys
+      prefetch.start(slots, t0 + kFewKeys, std::min(t0 + 2 * kFewKeys, max_seen), calls);
+    } else if (next != nullptr) {  // the last step: the next item's first keys, which would
+      // otherwise start it on a wait for memory
+      prefetch.start(pools.slots + next[2], 0, std::min(kFewKeys, next[3]), calls);
+    } else {
+      prefetch.start(slots, 0, 0, calls);
+    }
     const int64_t n = std::min(kFewKeys, max_seen - t0);
     int64_t valid[NQ];
     for (int i = 0; i < NQ; ++i) valid[i] = std::clamp<int64_t>(visible[i] - t0, 0, n);
@@ -288,17 +297,18 @@ void run_item_few(const float* q, const Pools<KV>& pools, const Item& it,
 }
 
 template <int64_t kD, typename KV>
-void run_few_d(const float* q, const Pools<KV>& pools, const Item& it, const AttentionPlan& plan,
-               const AttentionShape& shape, float* o, float* m, float* l) {
+void run_few_d(const float* q, const Pools<KV>& pools, const Item& it, const int64_t* next,
+               const AttentionPlan& plan, const AttentionShape& shape, float* o, float* m,
+               float* l) {
   switch (it.rows * (shape.heads / shape.kv_heads)) {
     case 1:
-      return run_item_few<kD, 1, KV>(q, pools, it, plan, shape, o, m, l);
+      return run_item_few<kD, 1, KV>(q, pools, it, next, plan, shape, o, m, l);
     case 2:
-      return run_item_few<kD, 2, KV>(q, pools, it, plan, shape, o, m, l);
+      return run_item_few<kD, 2, KV>(q, pools, it, next, plan, shape, o, m, l);
     case 3:
-      return run_item_few<kD, 3, KV>(q, pools, it, plan, shape, o, m, l);
+      return run_item_few<kD, 3, KV>(q, pools, it, next, plan, shape, o, m, l);
     default:
-      return run_item_few<kD, 4, KV>(q, pools, it, plan, shape, o, m, l);
+      return run_item_few<kD, 4, KV>(q, pools, it, next, plan, shape, o, m, l);
   }
 }
 
@@ -311,19 +321,19 @@ bool takes_few(int64_t rows, const AttentionShape& shape) {
 }
 
 template <typename KV>
-void run_few(const float* q, const Pools<KV>& pools, const int64_t* item,
+void run_few(const float* q, const Pools<KV>& pools, const int64_t* item, const int64_t* next,
              const AttentionPlan& plan, const AttentionShape& shape, float* part_o,
              float* part_m, float* part_l) {
   const Item it(item);
   auto run = shape.head_dim == 64    ? run_few_d<64, KV>
              : shape.head_dim == 128 ? run_few_d<128, KV>
                                      : run_few_d<0, KV>;
-  run(q, pools, it, plan, shape, part_o, part_m, part_l);
+  run(q, pools, it, next, plan, shape, part_o, part_m, part_l);
 }
 
 #define RADIXSERVE_FEW(KV)                                                                  \
   template bool takes_few<KV>(int64_t, const AttentionShape&);                              \
-  template void run_few<KV>(const float*, const Pools<KV>&, const int64_t*,                 \
+  template void run_few<KV>(const float*, const Pools<KV>&, const int64_t*, const int64_t*, \
                             const AttentionPlan&, const AttentionShape&, float*, float*, float*);
 RADIXSERVE_FEW(float)
 RADIXSERVE_FEW(uint16_t)

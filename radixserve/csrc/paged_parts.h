@@ -47,8 +47,10 @@ struct Item {
 // The few-query path (paged_few.cpp): whether it takes an item of `rows` rows, and the item.
 template <typename KV>
 bool takes_few(int64_t rows, const AttentionShape& shape);
+// `next`: the item this thread runs after this one (its first keys are fetched meanwhile), or
+// null.
 template <typename KV>
-void run_few(const float* q, const Pools<KV>& pools, const int64_t* item,
+void run_few(const float* q, const Pools<KV>& pools, const int64_t* item, const int64_t* next,
              const AttentionPlan& plan, const AttentionShape& shape, float* part_o,
              float* part_m, float* part_l);
 

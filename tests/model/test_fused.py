@@ -79,3 +79,23 @@ def test_rope_in_place(rows, dim, dtype, seed, heads):
     cos, sin = (torch.randn(rows, 1, 2 * dim, generator=g).to(dtype) for _ in range(2))
     native, twin = both(lambda t: fused.rope_(t, cos, sin), x)
     close(native, twin, dtype)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.integers(0, 6),
+    n=st.integers(1, 70),
+    seed=st.integers(0, 2**16),
+    levels=st.integers(1, 5),
+    specials=st.lists(st.sampled_from([float("nan"), float("inf"), float("-inf")]), max_size=4),
+)
+def test_argmax_rows_as_torch(rows, n, seed, levels, specials):
+    """Greedy sampling's argmax: ties (few distinct values), infinities and NaN placed at
+    random, as torch.argmax picks (the first maximum; of a row holding NaN, its first NaN)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, levels, (rows, n), generator=g).float()
+    for value in specials:
+        if rows:
+            r, c = (int(torch.randint(0, d, (1,), generator=g)) for d in (rows, n))
+            x[r, c] = value
+    assert torch.equal(load_native().argmax_rows(x), x.argmax(-1))
