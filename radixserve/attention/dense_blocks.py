@@ -13,17 +13,18 @@ leaves a softmax state per (token, head) and ``merge`` combines them by log-sum-
 Grouped query attention folds into the query axis where nothing is causal: the ``G`` query
 heads of a KV head are ``G`` more queries over the same keys.
 
-Where oneDNN's float32 GEMM clearly outruns torch's BLAS (``csrc.onednn.float32_faster``;
-on an AMD EPYC ~410 GFLOP/s against ~160, which torch's flash kernel also runs at), a
-dense block goes instead to the native block kernel (``csrc/block_attention.cpp``:
-outer-product tiles whose scores stay in cache through the softmax), in float32 for
-bfloat16 too unless the CPU has AMX. There it ran 1.2-1.9x two oneDNN products with a
-native softmax between them (760 queries x 496 keys 3.8 ms a layer against 5.9; 1,984 x
-1,024 21 against 25), which ran 1.6x the flash kernel.
+Where the native block kernel (``csrc/block_attention.cpp``: outer-product tiles whose
+scores stay in cache through the softmax) outruns the flash kernel here (``native_blocks``,
+timed at first use: on AMD EPYCs, where torch's float32 BLAS is MKL's slow path and its
+bfloat16 flash kernel has no AMX tiles), dense blocks go to it instead. There it ran
+1.2-1.9x two oneDNN products with a native softmax between them (760 queries x 496 keys
+3.8 ms a layer against 5.9; 1,984 x 1,024 21 against 25), which ran 1.6x the flash kernel.
 """
 
 from __future__ import annotations
 
+import functools
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 from radixserve.attention.attention_plan import PrefixGroup, check_group
-from radixserve.csrc import load_native, onednn, torch_has_bf16_instructions
+from radixserve.csrc import load_native, torch_has_bf16_instructions
 
 # Queries per KV head from which a group member's share of the group's path goes to the
 # flash kernel (31 prefills of 64 tokens under a 1,024-token prefix: 1.5x the native kernel
@@ -69,12 +70,37 @@ _NATIVE_SELF = 1024
 _BF16_DOT_SELF = 128
 
 
+@functools.cache
 def native_blocks(dtype: torch.dtype) -> bool:
     """Whether dense blocks go to the native block kernel rather than torch's flash kernel:
-    where torch's BLAS is the slow GEMM (the flash kernel runs on it: a 2,048-token prompt's
-    30 layers took 1.28 s there against 0.7 natively on an AMD EPYC), unless the flash
-    kernel has AMX tiles for bfloat16."""
-    return onednn.float32_faster() and (dtype == torch.float32 or not AMX)
+    whichever ran a block of 1,024 queries x 1,024 keys faster here (``_block_race``, once
+    per process and dtype). The winner depends on the CPU, not only on its instructions:
+    the flash kernel multiplies on torch's BLAS, and in bfloat16 at speed only on AMX
+    tiles. On 5,952 queries x 1,024 keys a Zen 4 EPYC ran the block kernel at 180 GFLOP/s
+    in float32 against the flash kernel's 135, and at 287 in bfloat16 against 123; on a Zen
+    5 EPYC a 2,048-token prompt's 30 layers took 0.7 s natively against 1.28."""
+    kernels = load_native()
+    if kernels is None or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    native, flash = _block_race(dtype)
+    return native < flash
+
+
+def _block_race(dtype: torch.dtype, rounds: int = 5) -> tuple[float, float]:
+    """The best of ``rounds`` alternated calls' seconds, native then flash, on 256 tokens of
+    four query heads (one KV head: 1,024 queries) over 1,024 keys scattered in a pool."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(256, 4, 64, generator=gen).to(dtype)
+    k_pool, v_pool = (torch.randn(4096, 1, 64, generator=gen).to(dtype) for _ in range(2))
+    block = SharedBlock(torch.arange(256), torch.randperm(4096, generator=gen)[:1024])
+    best = [float("inf"), float("inf")]
+    with torch.inference_mode():
+        for _ in range(rounds + 1):  # the first round warms both up
+            for i, run in enumerate((run_shared_native, run_shared_flash)):
+                start = time.perf_counter()
+                run(block, q, k_pool, v_pool, 0.125)
+                best[i] = min(best[i], time.perf_counter() - start)
+    return best[0], best[1]
 
 
 def _bf16_dot_blocks(dtype: torch.dtype) -> bool:

@@ -13,10 +13,11 @@ import torch.nn.functional as F
 # The batch size oneDNN is told to expect when it lays weights out: a decode step's.
 PACK_BATCH_HINT = 32
 # How much faster than torch's own float32 GEMM oneDNN's must run here for the engine to
-# use it (weights packed a second time, attention blocks as products): 2.3-2.6x on an AMD
-# EPYC, where torch's BLAS (MKL) took a slower path; on an Intel Xeon oneDNN's packed float32
-# measured alike at decode sizes (its prefill sizes unmeasured there: the probe decides).
-FLOAT32_MIN_GAIN = 1.5
+# use it (weights packed a second time): 2.3-2.6x on a Zen 5 AMD EPYC and 1.23-1.61x on a
+# Zen 4 one (where its cold long-prefix prefills ran 10-15% faster with it), where torch's
+# BLAS (MKL) takes a slower path; on an Intel Xeon oneDNN's packed float32 measured alike
+# at decode sizes (its prefill sizes unmeasured there: the probe decides).
+FLOAT32_MIN_GAIN = 1.15
 
 
 def available() -> bool:
@@ -43,7 +44,7 @@ def float32_faster() -> bool:
 @functools.cache
 def float32_gain() -> float:
     """torch's float32 GEMM time over oneDNN's on packed weights, for a prefill-sized product
-    (the better of three alternated runs each, once per process); 0 without oneDNN."""
+    (the best of six alternated runs each, once per process); 0 without oneDNN."""
     if not available():
         return 0.0
     x, w = torch.randn(512, 576), torch.randn(1536, 576)
@@ -51,7 +52,7 @@ def float32_gain() -> float:
     calls = (lambda: F.linear(x, w), lambda: linear(x, packed))
     best = [float("inf"), float("inf")]
     with torch.inference_mode():
-        for _ in range(4):  # the first round warms both up
+        for _ in range(7):  # the first round warms both up
             for i, call in enumerate(calls):
                 start = time.perf_counter()
                 call()
