@@ -85,15 +85,9 @@ std::vector<torch::Tensor> run(torch::Tensor x, const std::vector<torch::Tensor>
     x = on_panels<T>(attn.to(x.scalar_type()), w[2], hidden);
     h = norm<T>(x, ptr<T>(residual), w[3], eps);
     auto gate_up = on_panels<T>(h, w[4], 2 * intermediate);
-    torch::Tensor act;
-    if constexpr (std::is_same_v<T, float>) {
-      act = torch::empty({rows, intermediate}, x.options());
-      radixserve::silu_mul<float>(ptr<float>(gate_up), ptr<float>(gate_up) + intermediate, rows,
-                                  intermediate, 2 * intermediate, ptr<float>(act));
-    } else {  // as fused.silu_mul: bfloat16 stays with torch's SiLU
-      act = at::silu(gate_up.narrow(1, 0, intermediate)) *
-            gate_up.narrow(1, intermediate, intermediate);
-    }
+    auto act = torch::empty({rows, intermediate}, x.options());
+    radixserve::silu_mul<T>(ptr<T>(gate_up), ptr<T>(gate_up) + intermediate, rows, intermediate,
+                            2 * intermediate, ptr<T>(act));
     x = on_panels<T>(act, w[5], hidden);
   }
   return {x, residual};

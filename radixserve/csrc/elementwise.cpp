@@ -23,8 +23,8 @@ namespace {
 constexpr int64_t kGrain = 16;  // rows per parallel task
 
 // A float rounded to the storage type and back: what an operation in that type keeps.
-template <typename T>
-inline f8 keep(f8 v) {
+template <typename T, typename V>
+inline V keep(V v) {
   if constexpr (std::is_same_v<T, float>) {
     return v;
   } else {
@@ -48,12 +48,21 @@ inline void store1(T* p, float v) {
   }
 }
 
-// x * sigmoid(x), from e^-|x| so that nothing overflows.
-inline f8 silu(f8 x) {
-  const f8 t = exp_nonpositive(vmax(x, -x) * -1.0f);
-  const f8 sig = x >= 0.0f ? 1.0f / (1.0f + t) : t / (1.0f + t);
-  return x * sig;
+// x * sigmoid(x) from t = exp(-|x|), which never overflows: sigmoid is 1 / (1 + t) for
+// x >= 0 and t / (1 + t) below, one division either way.
+template <typename V>
+inline V silu(V x) {
+  const V t = exp_nonpositive(vmax(x, -x) * -1.0f);
+  return x * ((x >= 0.0f ? splat<V>(1.0f) : t) / (1.0f + t));
 }
+
+// SiLU x up's vectors: sixteen floats with AVX-512 (a SiLU is some forty operations a vector,
+// so the width halves their count), else eight.
+#ifdef __AVX512F__
+using SiluVec = f16v;
+#else
+using SiluVec = f8;
+#endif
 
 }  // namespace
 
@@ -101,6 +110,11 @@ void silu_mul(const T* gate, const T* up, int64_t rows, int64_t dim, int64_t gat
       const T* u = up + r * gate_stride;
       T* o = out + r * dim;
       int64_t d = 0;
+      using V = SiluVec;
+      constexpr int64_t kW = sizeof(V) / sizeof(float);
+      for (; d + kW <= dim; d += kW) {
+        store_vec(o + d, keep<T>(silu(load_vec<V>(g + d))) * load_vec<V>(u + d));
+      }
       for (; d + 8 <= dim; d += 8) store8(o + d, keep<T>(silu(load8(g + d))) * load8(u + d));
       for (; d < dim; ++d) store1(o + d, keep1<T>(silu(splat(to_float(g[d])))[0]) * to_float(u[d]));
     }

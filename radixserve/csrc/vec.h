@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 namespace radixserve {
 
@@ -94,21 +97,73 @@ inline V exp_nonpositive(V x) {
   return p * scale;
 }
 
-// Round-to-nearest-even of eight floats to bfloat16 bits (NaN stays NaN), in the low half.
-inline u32x8 bf16_bits(f8 v) {
-  u32x8 bits;
+// 32-bit lanes of a float vector's width.
+template <typename V>
+struct UVecOf {
+  typedef uint32_t type __attribute__((vector_size(sizeof(V))));
+};
+template <typename V>
+using UVec = typename UVecOf<V>::type;
+
+// Round-to-nearest-even of floats to bfloat16 bits (NaN stays NaN), in each lane's low half.
+template <typename V = f8>
+inline UVec<V> bf16_bits(V v) {
+  UVec<V> bits;
   std::memcpy(&bits, &v, sizeof bits);
-  const u32x8 rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  const u32x8 nan = reinterpret_cast<u32x8>(v != v);
+  const UVec<V> rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const UVec<V> nan = reinterpret_cast<UVec<V>>(v != v);
   return (rounded & ~nan) | (nan & 0x7FC0u);
 }
 
 // v rounded to bfloat16 and widened back: what a bfloat16 operation keeps of it.
-inline f8 round_bf16(f8 v) {
-  const u32x8 bits = bf16_bits(v) << 16;
-  f8 f;
+template <typename V = f8>
+inline V round_bf16(V v) {
+  const UVec<V> bits = bf16_bits(v) << 16;
+  V f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+
+#if defined(__AVX512BF16__)
+// With AVX512_BF16 the rounding is one instruction (vcvtneps2bf16: nearest even, NaN quiet).
+template <>
+inline f16v round_bf16(f16v v) {
+  const __m256bh h = _mm512_cvtneps_pbh(v);
+  return (f16v)_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
+}
+
+inline void store_vec(uint16_t* p, f16v v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+}
+#endif
+
+// Unaligned loads and stores of a vector V of floats from float32 or bfloat16 data (the
+// width-generic twins of load8 and store8).
+template <typename V>
+inline V load_vec(const float* p) {
+  typedef float U __attribute__((vector_size(sizeof(V)), aligned(4), may_alias));
+  return *reinterpret_cast<const U*>(p);
+}
+
+template <typename V>
+inline V load_vec(const uint16_t* p) {
+  typedef uint16_t H __attribute__((vector_size(sizeof(V) / 2), aligned(2), may_alias));
+  const UVec<V> bits = __builtin_convertvector(*reinterpret_cast<const H*>(p), UVec<V>) << 16;
+  V f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+template <typename V>
+inline void store_vec(float* p, V v) {
+  typedef float U __attribute__((vector_size(sizeof(V)), aligned(4), may_alias));
+  *reinterpret_cast<U*>(p) = v;
+}
+
+template <typename V>
+inline void store_vec(uint16_t* p, V v) {
+  typedef uint16_t H __attribute__((vector_size(sizeof(V) / 2), aligned(2), may_alias));
+  *reinterpret_cast<H*>(p) = __builtin_convertvector(bf16_bits(v), H);
 }
 
 inline void store8(uint16_t* p, f8 v) {

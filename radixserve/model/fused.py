@@ -38,9 +38,10 @@ def rms_norm(
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    # bfloat16 stays with torch: its SiLU ran 1.5x faster than the kernel's (which widens,
-    # rounds twice and narrows each vector) on 1,985 x 1,536 here
-    kernels = _kernels(gate) if gate.dtype == torch.float32 else None
+    """``silu(gate) * up``, SiLU rounded to the dtype before the product (as torch's two
+    operations round); bfloat16 1,985 x 1,536 took 1.4 ms natively against torch's 2.6 on
+    a Zen 4 EPYC."""
+    kernels = _kernels(gate)
     if kernels is not None and gate.dim() == 2:
         return kernels.silu_mul(gate, up)
     return F.silu(gate) * up

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from radixserve.csrc import load_native, native_available
 from radixserve.model import fused
 
+from .builds import TARGETS
+
 pytestmark = pytest.mark.skipif(not native_available(), reason="native kernels did not build")
 
 
@@ -60,13 +62,17 @@ def test_add_rms_norm(rows, dim, dtype, seed, with_residual):
         assert torch.equal(res_n, res_t) and torch.equal(res_t, r + x)
 
 
+@pytest.mark.parametrize("march", TARGETS)
 @settings(max_examples=60, deadline=None)
 @given(**shapes)
-def test_silu_mul_on_halves_of_one_projection(rows, dim, dtype, seed):
-    """The kernel itself, bfloat16 included (the model sends bfloat16 to torch's SiLU)."""
+def test_silu_mul_on_halves_of_one_projection(march, rows, dim, dtype, seed):
+    """Both builds' vector widths (sixteen floats and eight, then single tails) against
+    torch's two operations, rounded as they round."""
     g = torch.Generator().manual_seed(seed)
     both_halves = (torch.randn(rows, 2 * dim, generator=g) * 6).to(dtype)  # saturates sigmoid
-    native = load_native().silu_mul(both_halves[:, :dim], both_halves[:, dim:])
+    kernels = load_native(march)
+    assert kernels is not None, f"the native kernels did not build for {march}"
+    native = kernels.silu_mul(both_halves[:, :dim], both_halves[:, dim:])
     twin = torch.nn.functional.silu(both_halves[:, :dim]) * both_halves[:, dim:]
     close(native, twin, dtype)
 
