@@ -13,11 +13,12 @@ import torch.nn.functional as F
 # The batch size oneDNN is told to expect when it lays weights out: a decode step's.
 PACK_BATCH_HINT = 32
 # How much faster than torch's own float32 GEMM oneDNN's must run here for the engine to
-# use it (weights packed a second time): 2.3-2.6x on a Zen 5 AMD EPYC and 1.23-1.61x on a
-# Zen 4 one (where its cold long-prefix prefills ran 10-15% faster with it), where torch's
-# BLAS (MKL) takes a slower path; on an Intel Xeon oneDNN's packed float32 measured alike
-# at decode sizes (its prefill sizes unmeasured there: the probe decides).
-FLOAT32_MIN_GAIN = 1.15
+# use it (weights packed a second time): 2.3-2.6x on a Zen 5 AMD EPYC; on a Zen 4 one the
+# probe read 1.11-1.61x where oneDNN ran the prefill sizes 1.15-1.25x faster (a cold
+# long-prefix pass ~9% faster), so the bar sits just above a tie: below it the second copy
+# of the weights buys nothing. On an Intel Xeon oneDNN's packed float32 measured alike at
+# decode sizes (its prefill sizes unmeasured there: the probe decides).
+FLOAT32_MIN_GAIN = 1.05
 
 
 def available() -> bool:
