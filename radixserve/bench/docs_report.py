@@ -58,6 +58,16 @@ SECTIONS = (
         SERVING,
     ),
     Section(
+        "zen4",
+        "Issue 20's workloads on a Zen 4 EPYC — `radixserve bench serving`",
+        "radixserve bench serving --workload long-prefix --configs radix-lpm vllm "
+        "--vllm-python PEER_VENV/bin/python --max-tokens 32 --rounds 3 [--warm] "
+        "[--dtype bfloat16]; radixserve bench serving --workload few-shot "
+        "shared-system-prompt multi-turn-chat rag --configs radix-lpm vllm "
+        "--vllm-python PEER_VENV/bin/python --rounds 3 (merged: docs/bench_zen4.json)",
+        SERVING,
+    ),
+    Section(
         "serving_native",
         "Native against torch attention, end to end — `radixserve bench serving`",
         "radixserve bench serving --workload shared-system-prompt --configs radix-lpm "
@@ -176,8 +186,9 @@ def render(docs: Path) -> str:
         "",
         f"Machines: {m['cores']} cores, {m['memory']}, Python {m['python']}, torch "
         f"{m['torch']} ({m['torch_threads']} threads), no GPU; shared VMs whose CPU differs "
-        "from one to the next (an Intel Xeon with AVX-512 and AMX, an AMD EPYC with AVX-512 "
-        "and AVX512_BF16 but no AMX, AVX2-only ones), so each section names the one it was "
+        "from one to the next (an Intel Xeon with AVX-512 and AMX, AMD EPYCs of Zen 5 and of "
+        "Zen 4 with AVX-512 and AVX512_BF16 but no AMX, AVX2-only ones), so each section "
+        "names the one it was "
         "measured on. Identical runs differ by up to ~25% from one round to the next, so "
         "comparisons are side by side in one run, alternating, as the median of paired "
         "rounds' ratios and their min-max.",
