@@ -188,10 +188,9 @@ def render(docs: Path) -> str:
         f"{m['torch']} ({m['torch_threads']} threads), no GPU; shared VMs whose CPU differs "
         "from one to the next (an Intel Xeon with AVX-512 and AMX, AMD EPYCs of Zen 5 and of "
         "Zen 4 with AVX-512 and AVX512_BF16 but no AMX, AVX2-only ones), so each section "
-        "names the one it was "
-        "measured on. Identical runs differ by up to ~25% from one round to the next, so "
-        "comparisons are side by side in one run, alternating, as the median of paired "
-        "rounds' ratios and their min-max.",
+        "names the one it was measured on. Identical runs differ by up to ~25% from one "
+        "round to the next, so comparisons are side by side in one run, alternating, as "
+        "the median of paired rounds' ratios and their min-max.",
     ]
     for section in SECTIONS:
         out += ["", f"## {section.title}", ""]

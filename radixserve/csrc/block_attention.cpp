@@ -51,9 +51,6 @@ constexpr int64_t kWidth = kVecs * kLanes;  // keys per panel
 constexpr int kOutVecs = 4;                 // head_dim goes kOutVecs vectors at a time
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-typedef float VecU __attribute__((vector_size(sizeof(Vec)), aligned(4), may_alias));
-inline Vec loadv(const float* p) { return *reinterpret_cast<const VecU*>(p); }
-inline void storev(float* p, Vec v) { *reinterpret_cast<VecU*>(p) = v; }
 
 // dst[i * ld + j] = src[j][d0 + i] for i, j < kLanes: kLanes keys' words (32 bits each, moved
 // as they are) turned into vectors along the keys in registers, a vector load and store per
@@ -118,7 +115,7 @@ const Word<T>* words(const T* p) {
 // A vector of words, bits as they are.
 template <typename T>
 inline Vec load_words(const Word<T>* p) {
-  return loadv(reinterpret_cast<const float*>(p));
+  return load_vec<Vec>(reinterpret_cast<const float*>(p));
 }
 
 // acc + a * b lane by lane: float32 multiply-adds, or pairwise bfloat16 dot products.
@@ -240,7 +237,7 @@ struct Block {
       }
       for (int r = 0; r < kRows; ++r)
         for (int v = 0; v < kVecs; ++v)
-          storev(s + r * ld + p * kWidth + v * kLanes, acc[r][v] * in.scale);
+          store_vec(s + r * ld + p * kWidth + v * kLanes, acc[r][v] * in.scale);
     }
   }
 
@@ -266,7 +263,7 @@ struct Block {
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int u = 0; u < V; ++u) storev(o + r * dim + d0 + u * kLanes, acc[r][u]);
+      for (int u = 0; u < V; ++u) store_vec(o + r * dim + d0 + u * kLanes, acc[r][u]);
   }
 
   template <int R>
@@ -330,7 +327,7 @@ struct Block {
 #if defined(__AVX512BF16__)
       for (int r = 0; r < kRows; ++r)
         for (int64_t c = 0; c < most + 1; c += kLanes) {
-          const __m256bh h = _mm512_cvtneps_pbh(loadv(s + r * ld + c));
+          const __m256bh h = _mm512_cvtneps_pbh(load_vec<Vec>(s + r * ld + c));
           std::memcpy(w16 + r * ld + c, &h, sizeof h);
         }
 #endif
@@ -345,14 +342,14 @@ struct Block {
     if (n == 0) return {kNegInf, 0.0f};
     Vec mv = Vec{} + kNegInf;
     int64_t c = 0;
-    for (; c + kLanes <= n; c += kLanes) mv = vmax(mv, loadv(row + c));
+    for (; c + kLanes <= n; c += kLanes) mv = vmax(mv, load_vec<Vec>(row + c));
     float m = kNegInf;
     for (int i = 0; i < kLanes; ++i) m = std::max(m, mv[i]);
     for (; c < n; ++c) m = std::max(m, row[c]);
     Vec sv = {};
     for (c = 0; c + kLanes <= n; c += kLanes) {
-      const Vec e = exp_nonpositive(loadv(row + c) - m);
-      storev(row + c, e);
+      const Vec e = exp_nonpositive(load_vec<Vec>(row + c) - m);
+      store_vec(row + c, e);
       sv += e;
     }
     float sum = 0.0f;

@@ -26,21 +26,16 @@ namespace {
 // 32 vector registers: a tile of 8 rows x 3 vectors is 24 accumulators, 3 weight vectors
 // and a broadcast input.
 typedef float Vec __attribute__((vector_size(64)));
-typedef float VecU __attribute__((vector_size(64), aligned(4), may_alias));
 constexpr int kLanes = 16;
 constexpr int kRowsMax = 8;
 #else
 // 16 registers: 4 rows x 3 vectors, 3 weight vectors and the broadcast.
 typedef float Vec __attribute__((vector_size(32)));
-typedef float VecU __attribute__((vector_size(32), aligned(4), may_alias));
 constexpr int kLanes = 8;
 constexpr int kRowsMax = 4;
 #endif
 constexpr int kVecs = 3;
 constexpr int64_t kWidth = kVecs * kLanes;
-
-inline Vec loadv(const float* p) { return *reinterpret_cast<const VecU*>(p); }
-inline void storev(float* p, Vec v) { *reinterpret_cast<VecU*>(p) = v; }
 
 // The next panel goes to L2: this one's later row tiles read it from there too.
 using Prefetch = LinePrefetch<2>;
@@ -53,7 +48,7 @@ void tile(const float* x, int64_t in, const float* p, float* y, int64_t out, int
   for (int64_t k = 0; k < in; ++k) {
     pf.step();
     Vec w[kVecs];
-    for (int v = 0; v < kVecs; ++v) w[v] = loadv(p + k * kWidth + v * kLanes);
+    for (int v = 0; v < kVecs; ++v) w[v] = load_vec<Vec>(p + k * kWidth + v * kLanes);
     for (int r = 0; r < R; ++r) {
       const Vec xb = splat<Vec>(x[r * in + k]);
       for (int v = 0; v < kVecs; ++v) acc[r][v] += w[v] * xb;
@@ -61,10 +56,10 @@ void tile(const float* x, int64_t in, const float* p, float* y, int64_t out, int
   }
   for (int r = 0; r < R; ++r) {
     if (cols == kWidth) {
-      for (int v = 0; v < kVecs; ++v) storev(y + r * out + v * kLanes, acc[r][v]);
+      for (int v = 0; v < kVecs; ++v) store_vec(y + r * out + v * kLanes, acc[r][v]);
     } else {  // the last panel's padding columns are not the output's
       alignas(64) float row[kWidth];
-      for (int v = 0; v < kVecs; ++v) storev(row + v * kLanes, acc[r][v]);
+      for (int v = 0; v < kVecs; ++v) store_vec(row + v * kLanes, acc[r][v]);
       std::memcpy(y + r * out, row, cols * sizeof(float));
     }
   }

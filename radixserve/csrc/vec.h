@@ -1,6 +1,6 @@
-// Eight-float vectors in the compiler's vector extensions, and loads of float32 or bfloat16
-// data into them: the kernels build for any x86 or ARM target and use its widest float
-// vectors up to 256 bits.
+// Float vectors in the compiler's vector extensions, and loads of float32 or bfloat16 data
+// into them: eight-float ones for any x86 or ARM target (up to 256 bits), and width-generic
+// twins (load_vec, store_vec) for the kernels that pick sixteen floats with AVX-512.
 #pragma once
 
 #include <cstdint>
