@@ -142,3 +142,23 @@ def test_prompts_over_themselves_on_either_path(monkeypatch, native, dtype):
         tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
         torch.testing.assert_close(part.out[i * n : (i + 1) * n], out, **tol)
         torch.testing.assert_close(part.lse[i * n : (i + 1) * n], lse, **tol)
+
+
+@pytest.mark.parametrize("seconds, native", [((1.0, 2.0), True), ((2.0, 1.0), False)])
+def test_dense_blocks_go_to_the_kernel_that_won_the_race(monkeypatch, seconds, native):
+    """``native_blocks`` follows the timed race (native seconds, flash seconds), once per dtype."""
+    calls = []
+    monkeypatch.setattr(dense_blocks, "_block_race", lambda dtype: calls.append(dtype) or seconds)
+    dense_blocks.native_blocks.cache_clear()
+    try:
+        assert dense_blocks.native_blocks(torch.bfloat16) is native
+        assert dense_blocks.native_blocks(torch.bfloat16) is native
+        assert calls == [torch.bfloat16]
+    finally:
+        dense_blocks.native_blocks.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_race_times_both_kernels(dtype):
+    native, flash = dense_blocks._block_race(dtype, rounds=1)
+    assert 0 < native < float("inf") and 0 < flash < float("inf")
