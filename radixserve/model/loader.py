@@ -1,4 +1,4 @@
-"""Load a Hugging Face checkpoint directory (or a built-in preset) into our decoder.
+"""Load a model (a preset, a Hugging Face checkpoint, a GGUF file) into our decoder.
 
 Tensors stream from ``safetensors`` files one at a time into the model's own storage, so the
 checkpoint is never held twice in memory.
@@ -15,7 +15,10 @@ import torch
 from safetensors import safe_open
 
 from radixserve.model.config import ModelConfig
+from radixserve.model.gguf_loader import gguf_tokenizer, load_gguf_weights, read_gguf
 from radixserve.model.llama import LlamaForCausalLM
+from radixserve.model.pull import radixserve_home
+from radixserve.model.sources import resolve_model
 
 # Buffers some checkpoints carry that we recompute.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -39,23 +42,22 @@ def build_model(hf_config: Any, dtype: torch.dtype, device: torch.device | str) 
 
 
 def load_model(
-    path_or_preset: str | Path,
+    spec: str | Path,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> LoadedModel:
-    """Load a preset name (see ``radixserve.model.presets``) or a local HF directory."""
-    from radixserve.model.presets import PRESETS, load_preset
+    """Load what ``spec`` names (``radixserve.model.sources``): a preset, a named model, a
+    GGUF file, a Hugging Face directory or model id."""
+    from radixserve.model.presets import load_preset
 
-    if str(path_or_preset) in PRESETS:
-        return load_preset(str(path_or_preset), dtype=dtype, device=device)
-    path = Path(path_or_preset)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{path} has no config.json: pass a Hugging Face model directory or one of the "
-            f"presets {sorted(PRESETS)}"
-        )
+    source = resolve_model(spec)
+    if source.kind == "preset":
+        return load_preset(source.name, dtype=dtype, device=device)
+    if source.kind == "gguf":
+        return load_gguf(source.path, dtype, device)
     from transformers import AutoConfig, AutoTokenizer
 
+    path = source.path
     hf_config = AutoConfig.from_pretrained(path)
     model = build_model(hf_config, dtype, device)
     load_weights(model, path)
@@ -63,29 +65,43 @@ def load_model(
     return LoadedModel(model, model.config, hf_config, tokenizer, eos_token_ids(path, hf_config))
 
 
-def load_model_config(path_or_preset: str | Path) -> ModelConfig:
-    """Only the shape of a preset or a local HF directory (no weights)."""
-    from radixserve.model.presets import PRESETS, preset_hf_config
+def load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> LoadedModel:
+    """A GGUF file, checked whole before any weight is allocated, dequantized to ``dtype``."""
+    ckpt = read_gguf(path)
+    tokenizer = gguf_tokenizer(ckpt, radixserve_home() / "tokenizers")
+    model = build_model(ckpt.hf_config, dtype, device)
+    load_gguf_weights(model, ckpt)
+    return LoadedModel(model, model.config, ckpt.hf_config, tokenizer, ckpt.eos_token_ids)
 
-    if str(path_or_preset) in PRESETS:
-        return ModelConfig.from_hf(preset_hf_config(str(path_or_preset)))
+
+def load_model_config(spec: str | Path) -> ModelConfig:
+    """Only the shape of what ``spec`` names (no weights)."""
+    from radixserve.model.presets import preset_hf_config
+
+    source = resolve_model(spec)
+    if source.kind == "preset":
+        return ModelConfig.from_hf(preset_hf_config(source.name))
+    if source.kind == "gguf":
+        return ModelConfig.from_hf(read_gguf(source.path).hf_config)
     from transformers import AutoConfig
 
-    return ModelConfig.from_hf(AutoConfig.from_pretrained(path_or_preset))
+    return ModelConfig.from_hf(AutoConfig.from_pretrained(source.path))
 
 
-def load_tokenizer(path_or_preset: str | Path) -> Any:
-    """Only the tokenizer of a preset or a local HF directory (None if it has none)."""
-    from radixserve.model.presets import PRESETS, preset_tokenizer
+def load_tokenizer(spec: str | Path) -> Any:
+    """Only the tokenizer of what ``spec`` names (None if it has none)."""
+    from radixserve.model.presets import preset_tokenizer
 
-    if str(path_or_preset) in PRESETS:
-        return preset_tokenizer(str(path_or_preset))
-    path = Path(path_or_preset)
-    if not _has_tokenizer(path):
+    source = resolve_model(spec)
+    if source.kind == "preset":
+        return preset_tokenizer(source.name)
+    if source.kind == "gguf":
+        return gguf_tokenizer(read_gguf(source.path), radixserve_home() / "tokenizers")
+    if not _has_tokenizer(source.path):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(source.path)
 
 
 def load_weights(model: LlamaForCausalLM, path: Path) -> None:

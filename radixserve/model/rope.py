@@ -25,7 +25,18 @@ def rope_parameters(hf: Any) -> dict:
 
 
 def rope_frequencies(hf: Any, head_dim: int) -> tuple[torch.Tensor, float]:
-    """``inv_freq`` of shape ``[head_dim // 2]`` and the cos/sin scale (yarn's attention factor)."""
+    """``inv_freq`` of shape ``[head_dim // 2]`` and the cos/sin scale (yarn's attention factor).
+
+    A GGUF file may carry llama 3's scaling as per-dimension divisors instead of parameters
+    (``rope_freq_factors``, set by the GGUF loader)."""
+    inv_freq, scale = _scaled_frequencies(hf, head_dim)
+    factors = getattr(hf, "rope_freq_factors", None)
+    if factors is not None:
+        inv_freq = inv_freq / torch.tensor(factors, dtype=torch.float32)
+    return inv_freq, scale
+
+
+def _scaled_frequencies(hf: Any, head_dim: int) -> tuple[torch.Tensor, float]:
     params = rope_parameters(hf)
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
