@@ -1,4 +1,4 @@
-"""The ``radixserve`` command line: the demo, the server, presets and the benchmarks.
+"""The ``radixserve`` command line: the demo, the server, models and the benchmarks.
 
 Each command's module owns its arguments (``add_arguments``) and its work (``run``); only
 the chosen one is imported, so ``radixserve --help`` does not load torch.
@@ -94,7 +94,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="a preset or a HF directory")
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="a named model (radixserve pull --list), a GGUF file, a HF directory or id, "
+        "or a preset",
+    )
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
@@ -152,6 +157,25 @@ def _export_preset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pull(args: argparse.Namespace) -> int:
+    from radixserve.model.loader import load_tokenizer
+    from radixserve.model.pull import NAMED_MODELS, PullError, pull
+
+    if args.list:
+        for name, entry in NAMED_MODELS.items():
+            print(f"{name:24} {entry.about} ({entry.license})")
+        return 0
+    if not args.name:
+        raise ValueError("name a model to pull (radixserve pull --list shows them)")
+    try:
+        path = pull(args.name)
+    except PullError as exc:
+        raise ValueError(str(exc)) from exc
+    load_tokenizer(args.name)  # converted once and kept beside the model
+    print(f"{args.name}: {path}")
+    return 0
+
+
 def _add_module(sub, name: str, module: str, help: str, chosen: bool, bench: bool) -> None:
     p = sub.add_parser(name, help=help)
     if not chosen:  # only the command being run imports its module
@@ -174,6 +198,10 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
     _serve_arguments(serve)
     serve.set_defaults(func=_serve)
+    pull = sub.add_parser("pull", help="fetch a named real model into the cache")
+    pull.add_argument("name", nargs="?", help="e.g. smollm2-135m-instruct")
+    pull.add_argument("--list", action="store_true", help="the names known")
+    pull.set_defaults(func=_pull)
     export = sub.add_parser("export-preset", help="write a built-in model as a HF directory")
     export.add_argument("name", help="tiny or bench-135m")
     export.add_argument("directory")

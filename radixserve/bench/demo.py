@@ -1,8 +1,9 @@
 """``radixserve demo``: a chat workload served with the prefix cache on and then off.
 
 Many users share one long system prompt and hold two-turn conversations; each turn's prompt
-is the chat-templated history so far, real model outputs included. The table shows what the
-radix cache saves: prefill work, time to first token, throughput.
+is the chat-templated history so far, the model's answers included. By default the model is
+a real one (SmolLM2-135M-Instruct, pulled on first run); the table shows what the radix
+cache saves (prefill work, time to first token, throughput) and a few answers show the text.
 """
 
 from __future__ import annotations
@@ -20,24 +21,54 @@ from rich.table import Table
 
 from radixserve.bench.workloads import optimal_hit_rate
 from radixserve.engine import Engine, SamplingParams
-from radixserve.model.tokenizer import _corpus
+from radixserve.model.pull import PullError, pull
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+FALLBACK_MODEL = "bench-135m"  # random weights: the same shape, no download
+
+SYSTEM_NOTES = """You are the help desk of Northwind Library. Answer briefly and kindly.
+Opening hours: Monday to Friday 9:00 to 20:00, Saturday 10:00 to 17:00, closed on Sunday.
+Members borrow up to 12 items at a time. Books are lent for three weeks, films for one week.
+A loan can be renewed twice online unless another member has reserved the item.
+Late returns cost 20 cents a day for books and 1 euro a day for films, at most 10 euros.
+Membership is free for residents; visitors pay 15 euros a year.
+The reading room on the second floor is silent; group rooms can be booked for two hours.
+Printing costs 10 cents a page in black and white and 50 cents in colour.
+Wi-Fi is free: the network is Northwind-Guest and needs no password.
+Children under 12 need a parent's signature to join.
+Lost cards are replaced at the front desk for 2 euros."""
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "How many items can I borrow at once?",
+    "Is the library open on Sunday?",
+    "How much does it cost to print ten pages in colour?",
+    "Can I renew a film online?",
+    "What is the Wi-Fi network called?",
+    "I lost my card. What should I do?",
+    "How long can I keep a book?",
+    "Give me one tip for studying well.",
+    "How much is the fine for a book returned five days late?",
+    "Can my eight-year-old daughter become a member?",
+    "Write a haiku about reading.",
+)
+FOLLOW_UPS = ("Thank you! Can you say that in one short sentence?", "Why is that?")
 
 
 @dataclass(frozen=True)
 class DemoWorkload:
     users: int = 12
     turns: int = 2
-    system_sentences: int = 24
-    max_new_tokens: int = 16
+    max_new_tokens: int = 32
     seed: int = 0
 
     def system_prompt(self) -> str:
-        lines = _corpus(seed=self.seed + 1, lines=self.system_sentences)
-        return "You are a careful assistant. Follow these notes:\n" + "\n".join(lines)
+        return SYSTEM_NOTES
 
     def user_message(self, user: int, turn: int) -> str:
-        rng = random.Random(self.seed * 1000 + user * 10 + turn)
-        return " ".join(rng.choice(_corpus(seed=user, lines=8)) for _ in range(2))
+        if turn == 0:
+            return QUESTIONS[user % len(QUESTIONS)]
+        return random.Random(self.seed * 1000 + user * 10 + turn).choice(FOLLOW_UPS)
 
 
 @dataclass(frozen=True)
@@ -50,6 +81,7 @@ class RunResult:
     ttft: list[float]
     seconds: float
     optimal_hit_rate: float  # each distinct prefix computed once, with unlimited memory
+    answers: list[tuple[str, str]]  # (first question, its answer) of each user
 
     @property
     def hit_rate(self) -> float:
@@ -57,7 +89,7 @@ class RunResult:
 
 
 def serve(engine: Engine, work: DemoWorkload, label: str, progress: Progress) -> RunResult:
-    params = SamplingParams(max_new_tokens=work.max_new_tokens, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=work.max_new_tokens, temperature=0)
     history = [[{"role": "system", "content": work.system_prompt()}] for _ in range(work.users)]
     metas, calls = [], []
     task = progress.add_task(label, total=work.users * work.turns)
@@ -91,6 +123,7 @@ def serve(engine: Engine, work: DemoWorkload, label: str, progress: Progress) ->
         ttft=[m["ttft_s"] for m in metas],
         seconds=seconds,
         optimal_hit_rate=optimal_hit_rate(calls, engine.config.page_size),
+        answers=[(m[1]["content"], m[2]["content"]) for m in history],
     )
 
 
@@ -104,8 +137,13 @@ def run_demo(model: str, work: DemoWorkload, **engine_options) -> list[RunResult
 
 
 def print_results(
-    model: str, work: DemoWorkload, results: list[RunResult], where: str = "cpu, float32"
+    model: str,
+    work: DemoWorkload,
+    results: list[RunResult],
+    where: str = "cpu, float32",
+    shown: int = 3,
 ) -> None:
+    """The table, then ``shown`` of the users' first questions with the model's answers."""
     console = Console()
     console.print(
         f"[bold]radixserve demo[/]: model {model} ({where}), {work.users} users x "
@@ -140,13 +178,20 @@ def print_results(
         "hit rate: prompt tokens served from the cache (the most this workload allows: "
         f"{results[0].optimal_hit_rate:.1%}); tok/s: prompt + output tokens"
     )
+    for question, answer in results[0].answers[:shown]:
+        console.print(f"[bold]Q:[/] {question}\n[bold]A:[/] {' '.join(answer.split())}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="a named model, GGUF file, HF directory or id, or a preset (bench-135m: random "
+        "weights, no download)",
+    )
     p.add_argument("--users", type=int, default=12)
     p.add_argument("--turns", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32")
@@ -161,6 +206,20 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         attention_backend=args.attention_backend,
     )
-    results = run_demo(args.model, work, **options)
-    print_results(args.model, work, results, where=f"{args.device}, {args.dtype}")
+    model = args.model
+    if model == DEFAULT_MODEL:
+        model = _pulled_or_fallback(model)
+    results = run_demo(model, work, **options)
+    print_results(model, work, results, where=f"{args.device}, {args.dtype}")
     return 0
+
+
+def _pulled_or_fallback(name: str) -> str:
+    """``name`` once pulled, or the random-weight preset when it cannot be (no network)."""
+    try:
+        pull(name)
+    except PullError as exc:
+        print(f"radixserve demo: could not pull {name}: {exc}")
+        print(f"radixserve demo: running on {FALLBACK_MODEL} (random weights) instead")
+        return FALLBACK_MODEL
+    return name

@@ -294,7 +294,7 @@ def test_abort_frees_the_request(engine):
 def test_demo_shows_the_cache_paying_off(capsys):
     from radixserve.bench.demo import DemoWorkload, print_results, run_demo
 
-    work = DemoWorkload(users=3, turns=2, system_sentences=6, max_new_tokens=4)
+    work = DemoWorkload(users=3, turns=2, max_new_tokens=4)
     on, off = run_demo("tiny", work, page_size=4)
     assert on.requests == off.requests == 6
     assert on.hit_rate > 0.5 and off.hit_rate == 0
