@@ -120,7 +120,7 @@ def _hf_config(meta: _Metadata, arch: str, tied: bool) -> Any:
 
     heads = meta.get(f"{arch}.attention.head_count")
     hidden = meta.get(f"{arch}.embedding_length")
-    eos = [meta.get("tokenizer.ggml.eos_token_id", None), meta.get("tokenizer.ggml.eot_token_id", None)]
+    eos = [meta.get(f"tokenizer.ggml.{kind}_token_id", None) for kind in ("eos", "eot")]
     architecture = ARCHITECTURES[arch]
     config_class = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
     hf = config_class(
