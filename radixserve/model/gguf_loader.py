@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize as gguf_dequantize
 
 from radixserve.model.config import ModelConfig
 
@@ -71,11 +73,11 @@ class GGUFCheckpoint:
 
 def read_gguf(path: str | Path) -> GGUFCheckpoint:
     """Parse and check ``path``; raises ``GGUFError`` naming what is wrong and where."""
-    from gguf import GGUFReader
-
     path = Path(path)
     try:
-        reader = GGUFReader(path)
+        reader = _CheckedReader(path)
+    except GGUFError as exc:
+        raise GGUFError(f"{path}: {exc}") from None
     except Exception as exc:  # the reader raises whatever numpy hits on a damaged header
         raise GGUFError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
     meta = _Metadata(reader, path)
@@ -99,6 +101,22 @@ def read_gguf(path: str | Path) -> GGUFCheckpoint:
         header_sha256=hashlib.sha256(reader.data[: reader.data_offset]).hexdigest(),
         has_tokenizer="tokenizer.ggml.model" in reader.fields,
     )
+
+
+class _CheckedReader(GGUFReader):
+    """The ``gguf`` package's reader, telling which tensor a truncated file cuts off."""
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        for field in fields:
+            _, name, _, dims, kind, offset = field.parts
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(kind[0]))]
+            end = start_offs + int(offset[0]) + int(np.prod(dims)) * type_size // block
+            if end > len(self.data):
+                raise GGUFError(
+                    f"tensor {bytes(name).decode(errors='replace')!r} ends at byte {end:,} "
+                    f"but the file has {len(self.data):,}: the file is truncated"
+                )
+        super()._build_tensors(start_offs, fields)
 
 
 class _Metadata:
@@ -163,18 +181,12 @@ def _map_tensors(reader: Any, path: Path, hf: Any) -> tuple[dict[str, Any], Any 
 
     with torch.device("meta"):
         expected = dict(LlamaForCausalLM(ModelConfig.from_hf(hf), hf).named_parameters())
-    size = os.path.getsize(path)
     out, rope_freqs = {}, None
     for t in reader.tensors:
         where = f"{path}: tensor {t.name!r}"
         if t.tensor_type.name not in SUPPORTED_TYPES:
             raise GGUFError(
                 f"{where} has type {t.tensor_type.name}, not one of {', '.join(SUPPORTED_TYPES)}"
-            )
-        if t.data_offset + t.n_bytes > size:
-            raise GGUFError(
-                f"{where} ends at byte {t.data_offset + t.n_bytes:,} but the file has "
-                f"{size:,}: the file is truncated"
             )
         if t.name == "rope_freqs.weight":
             rope_freqs = t
@@ -205,8 +217,6 @@ def _our_name(gguf_name: str) -> str:
 
 def dequantize(tensor: Any) -> torch.Tensor:
     """A reader tensor as float32, in our ``[out, in]`` order."""
-    from gguf.quants import dequantize as gguf_dequantize
-
     values = np.ascontiguousarray(gguf_dequantize(tensor.data, tensor.tensor_type), np.float32)
     if not values.flags.writeable:  # float32 tensors come back as views of the mapped file
         values = values.copy()
