@@ -14,6 +14,7 @@ from radixserve.model.rope import rope_frequencies
 from .conftest import save_hf_model
 from .gguf_files import dequantized, file_tensors, random_blocks, write_gguf
 
+
 def assert_same_weights(ours: torch.nn.Module, expected: dict[str, torch.Tensor]) -> None:
     params = dict(ours.named_parameters())
     for name, value in expected.items():
