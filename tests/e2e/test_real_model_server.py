@@ -54,3 +54,17 @@ def test_the_second_turn_of_a_chat_hits_the_cache(client):
     )
     assert len(second.choices[0].message.content.split()) >= 3
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 16
+
+
+def test_the_real_model_example_chats_and_hits_the_cache(real_model_file, capsys):
+    import runpy
+    from pathlib import Path
+
+    example = Path(__file__).parents[2] / "examples" / "real_model_chat.py"
+    with Engine(REAL_MODEL) as engine:
+        messages = runpy.run_path(str(example))["main"](engine=engine)
+        stats = engine.cache_stats()
+    assert [m["role"] for m in messages] == ["system"] + ["user", "assistant"] * 3
+    assert all(len(m["content"].split()) >= 2 for m in messages[2::2])
+    assert stats["hit_tokens"] > 0.5 * stats["queried_tokens"]
+    assert "prompt tokens cached" in capsys.readouterr().out
