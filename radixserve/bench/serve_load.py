@@ -176,15 +176,10 @@ def summarize(records: list[RequestRecord], seconds: float) -> dict:
 
 def chat_prompt_ids(model: str, chats: list[list[dict]]) -> list[list[int]]:
     """The token ids the server's chat template makes of each chat (for the optimal hit
-    rate), with the model's own tokenizer: a preset's, or a HF directory's."""
-    from radixserve.model.presets import PRESETS, build_tokenizer
+    rate), with the model's own tokenizer (any model argument of ``radixserve.model``)."""
+    from radixserve.model.loader import load_tokenizer
 
-    if model in PRESETS:
-        tokenizer = build_tokenizer(PRESETS[model].tokenizer_vocab)
-    else:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = load_tokenizer(model)
     out = []
     for messages in chats:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -266,7 +266,7 @@ def test_a_model_that_fails_to_load_raises_and_leaves_no_thread():
     import threading
 
     before = set(threading.enumerate())
-    with pytest.raises(FileNotFoundError, match="no config"):
+    with pytest.raises(ValueError, match="'no-such-model' is not a preset"):
         Engine("no-such-model")  # built on the scheduler thread, raised here
     for thread in set(threading.enumerate()) - before:
         thread.join(5)

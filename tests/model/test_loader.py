@@ -29,7 +29,7 @@ def test_sharded_checkpoint_loads(tmp_path):
 
 
 def test_directory_without_config(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
+    with pytest.raises(ValueError, match=r"neither a config\.json nor a GGUF file"):
         load_model(tmp_path)
 
 
