@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize as gguf_dequantize
 
 from radixserve.model.config import ModelConfig
@@ -104,7 +104,33 @@ def read_gguf(path: str | Path) -> GGUFCheckpoint:
 
 
 class _CheckedReader(GGUFReader):
-    """The ``gguf`` package's reader, telling which tensor a truncated file cuts off."""
+    """The ``gguf`` package's reader, telling which tensor a truncated file cuts off, and
+    reading arrays (a vocabulary, its merges) as a few views rather than three numpy
+    arrays an element: ~0.2 s instead of several seconds for a 49k-token vocabulary."""
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple:
+        if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
+            return super()._get_field_parts(orig_offs, raw_type)
+        item_type = self._get(orig_offs, np.uint32)
+        count = self._get(orig_offs + 4, np.uint64)
+        offs, kind = orig_offs + 12, GGUFValueType(int(item_type[0]))
+        types = [GGUFValueType.ARRAY, kind]
+        scalar = self.gguf_scalar_to_np.get(kind)
+        if scalar is not None:  # one view of every element; ReaderField.contents flattens it
+            values = self._get(offs, scalar, int(count[0]))
+            return 12 + int(values.nbytes), [item_type, count, values], [2], types
+        if kind != GGUFValueType.STRING:
+            return super()._get_field_parts(orig_offs, raw_type)
+        raw = memoryview(self.data)
+        parts, data = [item_type, count], []
+        for _ in range(int(count[0])):
+            size = int.from_bytes(raw[offs : offs + 8], "little")
+            if offs + 8 + size > len(raw):
+                raise ValueError(f"a string array runs past the end of the file at byte {offs:,}")
+            parts += (raw[offs : offs + 8], raw[offs + 8 : offs + 8 + size])
+            data.append(len(parts) - 1)
+            offs += 8 + size
+        return offs - orig_offs, parts, data, types
 
     def _build_tensors(self, start_offs: int, fields: list) -> None:
         for field in fields:

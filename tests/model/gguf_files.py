@@ -81,7 +81,7 @@ def write_gguf(
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     for key, value in (metadata or {}).items():
-        writer.add_key_value(key, value[0], value[1])
+        writer.add_key_value(key, *value)  # (value, type) or (values, ARRAY, item type)
     for name, array in tensors.items():
         kind = (types or {}).get(name)
         if kind is None:

@@ -124,6 +124,29 @@ def test_a_tensor_of_the_wrong_shape_is_refused(hf_models, tmp_path, no_allocati
         read_gguf(path)
 
 
+def test_metadata_reads_as_the_gguf_packages_reader_reads_it(hf_models, tmp_path):
+    """The loader's reader takes arrays in a few views; what it reads must not change."""
+    from gguf import GGUFReader, GGUFValueType
+
+    from radixserve.model.gguf_loader import _CheckedReader
+
+    hf, _ = hf_models["llama"]
+    extra = {
+        "tokenizer.ggml.tokens": (["a", "", "héllo", "<|im_end|>"], GGUFValueType.ARRAY),
+        "tokenizer.ggml.token_type": ([1, 1, 3, 3], GGUFValueType.ARRAY, GGUFValueType.INT32),
+        "test.scores": ([0.5, -1.25], GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+        "test.nested": ([[1, 2], [3]], GGUFValueType.ARRAY),
+    }
+    tensors = file_tensors(hf, "llama")
+    path = write_gguf(tmp_path / "t.gguf", "llama", hf.config, tensors, metadata=extra)
+    ours, theirs = _CheckedReader(path), GGUFReader(path)
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        assert ours.fields[key].contents() == field.contents(), key
+    assert ours.data_offset == theirs.data_offset
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+
+
 def test_rope_scaling_is_read_from_the_metadata(hf_models, tmp_path):
     hf, _ = hf_models["llama"]
     extra = {
