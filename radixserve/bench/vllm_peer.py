@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,7 +70,8 @@ class VllmPeer:
                     start_new_session=True,
                 )
             self._watcher = subprocess.Popen(
-                [sys.executable, __file__, "--watch", str(os.getpid()), str(self._proc.pid)],
+                [sys.executable, __file__, "--watch", str(os.getpid()), str(self._proc.pid)]
+                + [self._tmp.name],
                 start_new_session=True,
             )
             self._reply()  # loaded and warmed up
@@ -167,12 +169,14 @@ def _group_running(pgid: int) -> bool:
     return False
 
 
-def _watch(owner: int, group: int) -> None:
+def _watch(owner: int, group: int, folder: str) -> None:
     """Kill ``group`` (vLLM's workers ignore SIGTERM, and a stopped process takes only
-    SIGKILL) once ``owner`` is gone: a benchmark killed outright runs no cleanup."""
+    SIGKILL) and remove the peer's ``folder`` once ``owner`` is gone: a benchmark killed
+    outright runs no cleanup."""
     while os.getppid() == owner:
         time.sleep(0.5)
     _kill_group(group)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _main(setup: str) -> None:
@@ -218,6 +222,6 @@ def _main(setup: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--watch":
-        _watch(int(sys.argv[2]), int(sys.argv[3]))
+        _watch(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     else:
         _main(sys.argv[1])

@@ -151,7 +151,7 @@ from radixserve.bench.workloads import Request, Workload
 
 peer = VllmPeer(sys.executable, "tiny", page_size=16)
 peer.run(Workload("w", "test", [Request(np.arange(3, 10, dtype=np.int32), 2)]))
-print(peer._proc.pid, flush=True)
+print(peer._proc.pid, peer._tmp.name, flush=True)
 time.sleep(600)
 """
 
@@ -163,7 +163,8 @@ def test_a_stopped_peer_dies_with_its_owner(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_LOG", str(tmp_path / "calls.jsonl"))
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
     try:
-        peer = int(owner.stdout.readline())
+        peer, folder = owner.stdout.readline().split()
+        peer = int(peer)
         deadline = time.monotonic() + 20  # the stop signal lands asynchronously
         while _state(peer) != "T" and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -171,9 +172,10 @@ def test_a_stopped_peer_dies_with_its_owner(tmp_path, monkeypatch):
         owner.kill()
         owner.wait()
         deadline = time.monotonic() + 20
-        while _running(peer) and time.monotonic() < deadline:
+        while (_running(peer) or Path(folder).exists()) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _running(peer)
+        assert not Path(folder).exists()  # the exported model goes with it
     finally:
         owner.kill()
         owner.wait()
