@@ -166,7 +166,7 @@ QUICK = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument("--model", default="bench-135m", help="any model argument (docs/models.md)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
     p.add_argument("--requests", type=int, default=256)

@@ -218,7 +218,7 @@ QUICK = {"few_shot_questions": 12, "tot_programs": 2, "tot_width": 2, "max_token
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument("--model", default="bench-135m", help="any model argument (docs/models.md)")
     p.add_argument("--programs", nargs="+", default=["all"], help="few-shot, tree-of-thought")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="small batches, for smoke tests")

@@ -206,7 +206,7 @@ TABLES = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ChatLoad()
-    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument("--model", default="bench-135m", help="any model argument (docs/models.md)")
     p.add_argument("--requests", type=int, default=d.requests)
     p.add_argument("--concurrency", type=int, default=d.concurrency)
     p.add_argument(

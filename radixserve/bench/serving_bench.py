@@ -269,7 +269,7 @@ TABLES = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", nargs="+", default=["all"], help="names, or all")
-    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument("--model", default="bench-135m", help="any model argument (docs/models.md)")
     p.add_argument(
         "--configs",
         nargs="+",

@@ -182,7 +182,7 @@ QUICK = {"requests": 3, "document_lines": 8, "fields": 3, "max_tokens": 48, "rou
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument("--model", default="bench-135m", help="any model argument (docs/models.md)")
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="a small batch, for smoke tests")

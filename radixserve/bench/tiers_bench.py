@@ -282,7 +282,7 @@ QUICK = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="bench-135m", help="a preset or a HF directory")
+    p.add_argument("--model", default="bench-135m", help="any model argument (docs/models.md)")
     p.add_argument("--prefix-tokens", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="small sizes, for smoke tests")
