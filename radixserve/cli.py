@@ -159,7 +159,7 @@ def _export_preset(args: argparse.Namespace) -> int:
 
 def _pull(args: argparse.Namespace) -> int:
     from radixserve.model.loader import load_tokenizer
-    from radixserve.model.pull import NAMED_MODELS, PullError, pull
+    from radixserve.model.pull import NAMED_MODELS, pull
 
     if args.list:
         for name, entry in NAMED_MODELS.items():
@@ -167,10 +167,7 @@ def _pull(args: argparse.Namespace) -> int:
         return 0
     if not args.name:
         raise ValueError("name a model to pull (radixserve pull --list shows them)")
-    try:
-        path = pull(args.name)
-    except PullError as exc:
-        raise ValueError(str(exc)) from exc
+    path = pull(args.name)
     load_tokenizer(args.name)  # converted once and kept beside the model
     print(f"{args.name}: {path}")
     return 0
@@ -217,7 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as exc:
+    except Exception as exc:
+        # a failed pull too: its module is loaded whenever one could have failed
+        pull = sys.modules.get("radixserve.model.pull")
+        if not isinstance(exc, ValueError) and not (pull and isinstance(exc, pull.PullError)):
+            raise
         print(f"radixserve: error: {exc}", file=sys.stderr)
         return 2
 

