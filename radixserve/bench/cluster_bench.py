@@ -1,9 +1,7 @@
 """``radixserve bench cluster``: engine replicas on a local Ray Serve cluster under a
-multi-tenant chat load (system prompts with Zipf popularity, a user question each, Poisson
-arrivals), one router after another: the prefix router, round-robin, power of two choices,
-and one engine holding the whole machine (``single``: the hit rate routing aims at).
-Ray's own ``PrefixCacheAffinityRouter`` needs ``ray[llm]`` (which needs vLLM or SGLang in
-the same environment) and is not run here.
+multi-tenant chat load (``bench serve``'s, with Zipf-popular system prompts), one router
+after another (the prefix router, round-robin, power of two choices) and one engine holding
+the whole machine (``single``: the hit rate routing aims at), alternating round by round.
 """
 
 from __future__ import annotations
@@ -13,22 +11,13 @@ import asyncio
 import os
 import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import httpx
 
-from radixserve.bench import plots
-from radixserve.bench.report import (
-    Column,
-    TableSpec,
-    finish,
-    num,
-    pct,
-    times,
-    with_progress,
-)
-from radixserve.bench.serve_load import ChatLoad, drive, summarize
-from radixserve.bench.timing import alternating
+from radixserve.bench import report
+from radixserve.bench.report import Column, Step, TableSpec, num, pct, times
+from radixserve.bench.serve_bench import ChatLoad, drive, median_row, summarize
 
 ROUTERS = ("prefix", "round-robin", "power-of-two")
 
@@ -40,46 +29,30 @@ class ClusterBenchConfig:
     routers: tuple[str, ...] = ROUTERS
     requests: int = 256  # 16 users a system prompt on average
     request_rate: float = 8.0  # Poisson, above what the machine serves: req/s is capacity
-    max_tokens: int = 16
     system_prompts: int = 16
     system_sentences: int = 72  # ~1,000 tokens each
-    zipf: float = 1.1
     kv_pool: int = 10240  # per replica: over half the system prompts, not all of them
     rounds: int = 2
     seed: int = 0
 
-    def load(self) -> ChatLoad:
-        return ChatLoad(
-            requests=self.requests,
-            concurrency=64,
-            request_rate=self.request_rate,
-            max_tokens=self.max_tokens,
-            system_prompts=self.system_prompts,
-            system_sentences=self.system_sentences,
-            zipf=self.zipf,
-            seed=self.seed,
-        )
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _deploy(cfg: ClusterBenchConfig, label: str, url: str, cpus: float) -> None:
+def run_one(cfg: ClusterBenchConfig, label: str, url: str) -> dict:
+    """Deploy ``label``'s application, warm it, load it, take it down."""
     from ray import serve
 
     from radixserve.cluster.app import ClusterSpec, build_app
 
     replicas = 1 if label == "single" else cfg.replicas
-    pool = cfg.kv_pool * cfg.replicas // replicas  # the same memory in all
     spec = ClusterSpec(
         model=cfg.model,
         replicas=replicas,
         router="prefix" if label == "single" else label,
-        engine_options={"page_size": 16, "max_total_tokens": pool},
-        cpus_per_replica=cpus / replicas,
+        # the same memory in all
+        engine_options={
+            "page_size": 16,
+            "max_total_tokens": cfg.kv_pool * cfg.replicas // replicas,
+        },
+        cpus_per_replica=(os.cpu_count() or 1) / replicas,
     )
     serve.run(build_app(spec), name="radixserve", route_prefix="/")
     deadline = time.monotonic() + 120
@@ -87,55 +60,56 @@ def _deploy(cfg: ClusterBenchConfig, label: str, url: str, cpus: float) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{replicas} replicas never came up")
         time.sleep(0.5)
-    warm = {"prompt": "warm up", "max_tokens": 2}
     for _ in range(2 * replicas):  # the first forward of each replica pays its set-up
-        httpx.post(url + "/v1/completions", json=warm, timeout=120)
+        httpx.post(
+            url + "/v1/completions", json={"prompt": "warm up", "max_tokens": 2}, timeout=120
+        )
     httpx.post(url + "/flush_cache", timeout=60)
+    load = ChatLoad(
+        requests=cfg.requests,
+        request_rate=cfg.request_rate,
+        max_tokens=16,
+        system_prompts=cfg.system_prompts,
+        system_sentences=cfg.system_sentences,
+        zipf=1.1,
+        seed=cfg.seed,
+    )
+    row = summarize(*asyncio.run(drive(url, load)))
+    serve.delete("radixserve")
+    return row
 
 
-def run_cluster_bench(cfg: ClusterBenchConfig, step) -> dict:
+def run_cluster_bench(cfg: ClusterBenchConfig, step: Step) -> dict:
     import ray
     from ray import serve
 
     from radixserve.cluster.app import NAMESPACE
 
-    cpus = float(os.cpu_count() or 1)
-    ray.init(num_cpus=int(cpus), include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    runs: dict[str, list[dict]] = {label: [] for label in ("single", *cfg.routers)}
+    ray.init(
+        num_cpus=os.cpu_count(), include_dashboard=False, namespace=NAMESPACE, log_to_driver=False
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        for label in alternating(list(runs), cfg.rounds):
-            _deploy(cfg, label, url, cpus)
-            records, seconds = asyncio.run(drive(url, cfg.load()))
-            runs[label].append(summarize(records, seconds))
-            serve.delete("radixserve")
-            step(label)
+        url = f"http://127.0.0.1:{port}"
+        runs = report.run_rounds(
+            ("single", *cfg.routers), cfg.rounds, lambda label: run_one(cfg, label, url), step
+        )
     finally:
         serve.delete("radixserve")
         ray.shutdown()  # Serve goes with the local Ray
-    return {"rows": _rows(runs)}
-
-
-def _rows(runs: dict[str, list[dict]]) -> list[dict]:
-    from statistics import median
-
-    def med(label: str, key: str) -> float:
-        return median(r[key] for r in runs[label])
-
+    single = median_row("single", runs["single"])["hit_rate"]
     rows = []
     for label, rounds in runs.items():
-        row = {"config": label, **{k: med(label, k) for k in rounds[0] if k != "first_error"}}
-        row["hit_vs_single"] = row["hit_rate"] / max(med("single", "hit_rate"), 1e-9)
+        row = median_row(label, rounds)
+        row["hit_vs_single"] = row["hit_rate"] / max(single, 1e-9)
         if "round-robin" in runs:
-            base = runs["round-robin"]
-            pairs = [a["req_s"] / b["req_s"] for a, b in zip(rounds, base, strict=True)]
-            row["req_s_vs_rr"] = median(pairs)
-            row["req_s_vs_rr_min"], row["req_s_vs_rr_max"] = min(pairs), max(pairs)
-        row["first_error"] = next((r["first_error"] for r in rounds if r["first_error"]), "")
+            base = [r["req_s"] for r in runs["round-robin"]]
+            row |= report.paired("req_s_vs_rr", [r["req_s"] for r in rounds], base)
         rows.append(row)
-    return rows
+    return {"rows": rows}
 
 
 TABLES = (
@@ -151,7 +125,6 @@ TABLES = (
             Column("hit_rate", "hit", pct),
             Column("hit_vs_single", "of single", pct),
             Column("errors", "errors", wide=True),
-            Column("itl_p99_ms", "ITL p99", num(0), wide=True),
         ),
     ),
 )
@@ -166,29 +139,38 @@ QUICK = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="bench-135m", help="any model argument (docs/models.md)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--request-rate", type=float, default=8.0, help="Poisson; inf: all at once")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--plot", help="write a PNG chart here")
-    p.add_argument("--quick", action="store_true", help="small sizes, for smoke tests")
+    report.add_common(p, plot=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = ClusterBenchConfig(
+    cfg = report.configure(
+        ClusterBenchConfig,
+        args,
+        QUICK,
         model=args.model,
         replicas=args.replicas,
         routers=tuple(args.routers),
         requests=args.requests,
         request_rate=args.request_rate,
         rounds=args.rounds,
+        seed=args.seed,
     )
-    if args.quick:
-        cfg = replace(cfg, **QUICK)
     total = cfg.rounds * (1 + len(cfg.routers))
-    result = with_progress("bench cluster", total, lambda step: run_cluster_bench(cfg, step))
-    return finish(
-        args, cfg, result, TABLES, lambda path: plots.plot_cluster_bench(result["rows"], path)
-    )
+    result = report.with_progress("bench cluster", total, lambda step: run_cluster_bench(cfg, step))
+
+    def chart(path: str) -> None:
+        report.plot(
+            path,
+            result["rows"],
+            "config",
+            ["hit_rate", "req_s", "ttft_p99_ms"],
+            "config",
+            bars=True,
+        )
+
+    return report.finish(args, cfg, result, TABLES, chart)

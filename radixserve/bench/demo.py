@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
+from radixserve.bench.report import Column, num, pct, print_table, times
 from radixserve.bench.workloads import optimal_hit_rate
 from radixserve.engine import Engine, SamplingParams
 from radixserve.model.pull import PullError, pull
@@ -62,9 +62,6 @@ class DemoWorkload:
     max_new_tokens: int = 32
     seed: int = 0
 
-    def system_prompt(self) -> str:
-        return SYSTEM_NOTES
-
     def user_message(self, user: int, turn: int) -> str:
         if turn == 0:
             return QUESTIONS[user % len(QUESTIONS)]
@@ -90,7 +87,7 @@ class RunResult:
 
 def serve(engine: Engine, work: DemoWorkload, label: str, progress: Progress) -> RunResult:
     params = SamplingParams(max_new_tokens=work.max_new_tokens, temperature=0)
-    history = [[{"role": "system", "content": work.system_prompt()}] for _ in range(work.users)]
+    history = [[{"role": "system", "content": SYSTEM_NOTES}] for _ in range(work.users)]
     metas, calls = [], []
     task = progress.add_task(label, total=work.users * work.turns)
     start = time.perf_counter()
@@ -149,37 +146,39 @@ def print_results(
         f"[bold]radixserve demo[/]: model {model} ({where}), {work.users} users x "
         f"{work.turns} turns sharing one system prompt, {work.max_new_tokens} new tokens per reply"
     )
-    table = Table()
-    for header in (
-        "cache",
-        "requests",
-        "hit rate",
-        "TTFT p50",
-        "TTFT p99",
-        "tok/s",
-        "time",
-        "speedup",
-    ):
-        table.add_column(header, justify="right")
     off = results[-1].seconds
-    for r in results:
-        table.add_row(
-            r.label,
-            str(r.requests),
-            f"{r.hit_rate:.1%}",
-            f"{np.percentile(r.ttft, 50):.2f} s",
-            f"{np.percentile(r.ttft, 99):.2f} s",
-            f"{(r.prompt_tokens + r.output_tokens) / r.seconds:,.0f}",
-            f"{r.seconds:.1f} s",
-            f"{off / r.seconds:.2f}x",
-        )
-    console.print(table)
+    rows = [
+        {
+            "cache": r.label,
+            "requests": r.requests,
+            "hit_rate": r.hit_rate,
+            "ttft_p50": np.percentile(r.ttft, 50),
+            "ttft_p99": np.percentile(r.ttft, 99),
+            "tok_s": (r.prompt_tokens + r.output_tokens) / r.seconds,
+            "seconds": r.seconds,
+            "speedup": off / r.seconds,
+        }
+        for r in results
+    ]
+    print_table("", rows, COLUMNS)
     console.print(
         "hit rate: prompt tokens served from the cache (the most this workload allows: "
         f"{results[0].optimal_hit_rate:.1%}); tok/s: prompt + output tokens"
     )
     for question, answer in results[0].answers[:shown]:
         console.print(f"[bold]Q:[/] {question}\n[bold]A:[/] {' '.join(answer.split())}")
+
+
+COLUMNS = (
+    Column("cache", "cache"),
+    Column("requests", "requests"),
+    Column("hit_rate", "hit rate", pct),
+    Column("ttft_p50", "TTFT p50 s", num(2)),
+    Column("ttft_p99", "TTFT p99 s", num(2)),
+    Column("tok_s", "tok/s", num(0)),
+    Column("seconds", "time s", num(1)),
+    Column("speedup", "speedup", times),
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

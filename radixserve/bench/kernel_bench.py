@@ -2,11 +2,10 @@
 machine's memory bandwidth.
 
 One attention layer of a model's shape over a KV pool whose pages are scattered at random,
-as a long-running server's are (decodes, extends, a decode group's cascade, and a prefix
-group's prompts over their shared path: torch's flash kernel against the native block
-kernel); the few-row linear kernel over a decode step's projections
-of every decoder layer (so the weights come from memory, as in a real step); the tree's
-walk with and without the native scan. Calls alternate and the medians are kept; each
+as a long-running server's are (decodes, extends, and a decode group's cascade over a shared
+prefix); a decode step's projections over every decoder layer's weights (so they come from
+memory, as in a real step) on the engine's linear path against ``F.linear``; the tree's
+match with and without the native edge scan. Calls alternate and the medians are kept; each
 case's limit is the bytes it must read at a read-only probe's bandwidth, measured beside it.
 """
 
@@ -14,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from functools import partial
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from radixserve.attention import (
     ExtendRequest,
@@ -27,25 +27,13 @@ from radixserve.attention import (
     PrefixGroup,
     TorchAttentionBackend,
 )
-from radixserve.attention.dense_blocks import SharedBlock, run_shared_flash, run_shared_native
-from radixserve.bench import plots
-from radixserve.bench.linear_bench import LINEAR_TABLE, linear_rows_bench
-from radixserve.bench.rates import BandwidthProbe
-from radixserve.bench.report import (
-    Column,
-    TableSpec,
-    finish,
-    num,
-    times,
-    with_progress,
-)
-from radixserve.bench.timing import medians, time_alternating
-from radixserve.bench.walk_bench import matcher_rows
+from radixserve.bench import report
+from radixserve.bench.cache_bench import TreeShape, build_tree, unseen_tokens
+from radixserve.bench.report import Column, Step, TableSpec, num, times
 from radixserve.csrc import load_native
 from radixserve.memory.kv_pool import KVPool
+from radixserve.model.linear import pack, packed_linear
 from radixserve.model.presets import preset_hf_config
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -55,13 +43,8 @@ class KernelBenchConfig:
     batches: tuple[int, ...] = (1, 8, 32)
     contexts: tuple[int, ...] = (512, 2048, 8192)
     extends: tuple[tuple[int, int, int], ...] = ((1, 0, 512), (4, 1024, 128), (8, 2048, 32))
-    cascade_batch: int = 32
-    cascade_prefix: int = 2048
-    cascade_suffix: int = 64
-    # a shared block: 31 prompts of 64 tokens over a 1,024-token prefix (issue 20's extend)
-    block_queries: int = 31 * 64
-    block_keys: int = 1024
-    linear_rows: tuple[int, ...] = (1, 8, 16, 24, 32, 48, 64)
+    cascade: tuple[int, int, int] = (32, 2048, 64)  # requests, shared prefix, own suffix
+    linear_rows: tuple[int, ...] = (1, 8, 16, 32, 64)
     linear_layers: int | None = None  # decoder layers' weights to run over (None: the model's)
     matcher_tree_tokens: int = 1_000_000
     matcher_hit: int = 4096
@@ -70,42 +53,57 @@ class KernelBenchConfig:
     seed: int = 0
 
 
-def num_steps(cfg: KernelBenchConfig) -> int:
-    attention = len(cfg.batches) * len(cfg.contexts) + len(cfg.extends) + 2
-    return (attention + len(cfg.linear_rows)) * len(cfg.dtypes) + 1
+class BandwidthProbe:
+    """A torch sum (all threads) over a tensor larger than the caches: it only reads, as a
+    kernel streaming weights or K/V does, so the bytes a case must read over this bandwidth
+    are that case's limit (timed beside the case, so a slow spell slows the limit too)."""
+
+    def __init__(self) -> None:
+        # twice the last-level cache, and at least 256 MiB
+        sizes = [256 << 20]
+        for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+            text = index.read_text().strip()
+            sizes.append(
+                2 * int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1], 0)
+            )
+        self.src = torch.ones(max(sizes) // 4)
+
+    def read(self) -> None:
+        self.src.sum()
+
+    def bandwidth(self, seconds: float) -> float:
+        return self.src.numel() * 4 / seconds
+
+    def measure(self, reps: int = 5) -> float:
+        """Bytes/s, the median of ``reps`` reads."""
+        return self.bandwidth(report.time_alternating({"read": self.read}, reps)["read"])
 
 
-def run_kernel_bench(cfg: KernelBenchConfig, step: Callable[[str], None]) -> dict:
+def run_kernel_bench(cfg: KernelBenchConfig, step: Step) -> dict:
     hf = preset_hf_config(cfg.preset)
     heads, kv_heads = hf.num_attention_heads, hf.num_key_value_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
     probe = BandwidthProbe()
-    rows = []
-    for dtype in cfg.dtypes:
-        shape = _Shape(heads, kv_heads, head_dim, _DTYPES[dtype], cfg.page_size)
+    rows, linear = [], []
+    for name in cfg.dtypes:
+        dtype = getattr(torch, name)
+        shape = _Shape(heads, kv_heads, head_dim, dtype, cfg.page_size, probe, cfg)
         for batch in cfg.batches:
             for context in cfg.contexts:
-                rows.append(shape.decode(batch, context, probe, cfg))
-                step(f"decode {dtype} {batch}x{context}")
+                rows.append(shape.decode(batch, context))
+                step(f"decode {name} {batch}x{context}")
         for batch, prefix, new in cfg.extends:
-            rows.append(shape.extend(batch, prefix, new, probe, cfg))
-            step(f"extend {dtype} {batch}x({prefix}+{new})")
-        rows.append(shape.cascade(probe, cfg))
-        step(f"cascade {dtype}")
-        rows.append(shape.shared_block(probe, cfg))
-        step(f"shared block {dtype}")
-    linear = []
-    for dtype in cfg.dtypes:
-        linear += linear_rows_bench(
-            hf, _DTYPES[dtype], probe, cfg.linear_rows, cfg.linear_layers, cfg.reps, cfg.seed, step
-        )
-    matcher = matcher_rows(cfg.matcher_tree_tokens, cfg.matcher_hit, cfg.page_size, cfg.seed)
-    step("matcher")
+            rows.append(shape.extend(batch, prefix, new))
+            step(f"extend {name} {batch}x({prefix}+{new})")
+        rows.append(shape.cascade(*cfg.cascade))
+        for n in cfg.linear_rows:
+            linear.append(linear_row(hf, dtype, n, probe, cfg))
+            step(f"linear {name} {n} rows")
     return {
         "read_gb_s": float(np.median([r["read_gb_s"] for r in rows])),
         "rows": rows,
         "linear": linear,
-        "matcher": matcher,
+        "matcher": matcher_rows(cfg),
     }
 
 
@@ -116,123 +114,132 @@ class _Shape:
     head_dim: int
     dtype: torch.dtype
     page: int
+    probe: BandwidthProbe
+    cfg: KernelBenchConfig
 
-    def pool(self, slots: int, rng: np.random.Generator) -> tuple[KVPool, np.ndarray]:
+    def pool(self, slots: int) -> tuple[KVPool, np.ndarray]:
         """A pool of random K/V and its pages in random order (slot runs of one page)."""
         pages = -(-slots // self.page) + 1
         pool = KVPool(1, pages * self.page, self.page, self.kv_heads, self.head_dim, self.dtype)
         pool.k[0].normal_()
         pool.v[0].normal_()
-        order = rng.permutation(pages)
+        order = np.random.default_rng(self.cfg.seed).permutation(pages)
         return pool, (order[:, None] * self.page + np.arange(self.page)).reshape(-1)
 
-    def backends(self, pool: KVPool):
-        args = (pool, self.heads, self.kv_heads, self.head_dim, self.head_dim**-0.5)
-        return TorchAttentionBackend(*args), NativeAttentionBackend(*args)
+    def decode(self, batch: int, context: int) -> dict:
+        return self.extend(batch, context - 1, 1, "decode", f"{batch} x {context}")
 
-    def kv_bytes(self, tokens: int) -> int:
-        return 2 * tokens * self.kv_heads * self.head_dim * self.dtype.itemsize
-
-    def decode(self, batch: int, context: int, probe: BandwidthProbe, cfg) -> dict:
-        rng = np.random.default_rng(cfg.seed)
-        pool, slots = self.pool(batch * context, rng)
-        reqs = [ExtendRequest([0], slots[b * context : (b + 1) * context]) for b in range(batch)]
-        times = self._compare(pool, reqs, probe, cfg.reps)
-        return self._row("decode", f"{batch} x {context}", times, probe, batch * context)
-
-    def extend(self, batch: int, prefix: int, new: int, probe: BandwidthProbe, cfg) -> dict:
-        rng = np.random.default_rng(cfg.seed)
+    def extend(self, batch: int, prefix: int, new: int, kernel="extend", case=None) -> dict:
         seq = prefix + new
-        pool, slots = self.pool(batch * seq, rng)
+        pool, slots = self.pool(batch * seq)
         reqs = [ExtendRequest([0] * new, slots[b * seq : (b + 1) * seq]) for b in range(batch)]
-        times = self._compare(pool, reqs, probe, cfg.reps)
-        case = f"{batch} x ({prefix} cached + {new} new)"
-        return self._row("extend", case, times, probe, batch * seq)
+        args = (pool, self.heads, self.kv_heads, self.head_dim, self.head_dim**-0.5)
+        calls = {
+            "torch": self._forward(TorchAttentionBackend(*args), reqs),
+            "native": self._forward(NativeAttentionBackend(*args), reqs),
+        }
+        case = case or f"{batch} x ({prefix} cached + {new} new)"
+        return self._row(kernel, case, calls, batch * seq)
 
-    def cascade(self, probe: BandwidthProbe, cfg) -> dict:
+    def cascade(self, batch: int, prefix: int, suffix: int) -> dict:
         """Decode for requests sharing a prefix: the native kernel plain (each request reads
         the prefix) against the same kernel given the group (the prefix read once)."""
-        rng = np.random.default_rng(cfg.seed)
-        b, n, s = cfg.cascade_batch, cfg.cascade_prefix, cfg.cascade_suffix
-        pool, slots = self.pool(n + b * s, rng)
-        shared = slots[:n]
-        reqs = [
-            ExtendRequest([0], np.concatenate([shared, slots[n + i * s : n + (i + 1) * s]]))
-            for i in range(b)
-        ]
-        plain = ForwardBatch.create(reqs, self.page)
-        grouped = ForwardBatch.create(
-            reqs, self.page, prefix_groups=[PrefixGroup(n, tuple(range(b)))]
+        pool, slots = self.pool(prefix + batch * suffix)
+        own = [slots[prefix + i * suffix : prefix + (i + 1) * suffix] for i in range(batch)]
+        reqs = [ExtendRequest([0], np.concatenate([slots[:prefix], s])) for s in own]
+        native = NativeAttentionBackend(
+            pool, self.heads, self.kv_heads, self.head_dim, self.head_dim**-0.5
         )
-        native = self.backends(pool)[1]
-        q = torch.randn(b, self.heads, self.head_dim).to(self.dtype)
-        kv = torch.randn(b, self.kv_heads, self.head_dim).to(self.dtype)
+        group = [PrefixGroup(prefix, tuple(range(batch)))]
         calls = {
-            "plain": _forward(native, plain, q, kv),
-            "native": _forward(native, grouped, q, kv),
-            "read": probe.read,
+            "plain": self._forward(native, reqs),
+            "native": self._forward(native, reqs, group),
         }
-        times = _alternate(calls, cfg.reps)
-        row = self._row("cascade", f"{b} x ({n} shared + {s})", times, probe, n + b * s)
-        return {
-            **row,
-            "plain_ms": times["plain"] * 1e3,
-            "speedup": times["plain"] / times["native"],
-        }
+        case = f"{batch} x ({prefix} shared + {suffix})"
+        return self._row("cascade", case, calls, prefix + batch * suffix)
 
-    def shared_block(self, probe: BandwidthProbe, cfg) -> dict:
-        """Many queries over one path of the pool, every key visible to every query."""
-        n, keys = cfg.block_queries, cfg.block_keys
-        pool, slots = self.pool(keys, np.random.default_rng(cfg.seed))
-        block = SharedBlock(torch.arange(n), torch.from_numpy(slots[:keys]))
-        q = torch.randn(n, self.heads, self.head_dim).to(self.dtype)
-        args = (block, q, pool.k[0], pool.v[0], self.head_dim**-0.5)
-        calls = {
-            "torch": partial(run_shared_flash, *args),
-            "native": partial(run_shared_native, *args),
-            "read": probe.read,
-        }
-        times = _alternate(calls, cfg.reps)
-        return self._row("block", f"{n} x {keys} shared", times, probe, keys)
-
-    def _compare(
-        self, pool: KVPool, reqs: list[ExtendRequest], probe: BandwidthProbe, reps: int
-    ) -> dict[str, float]:
+    def _forward(self, backend, reqs: list[ExtendRequest], groups=()) -> Callable[[], object]:
+        batch = ForwardBatch.create(reqs, self.page, prefix_groups=groups)
         n = sum(len(r.new_ids) for r in reqs)
         q = torch.randn(n, self.heads, self.head_dim).to(self.dtype)
         kv = torch.randn(n, self.kv_heads, self.head_dim).to(self.dtype)
-        calls = {
-            name: _forward(backend, ForwardBatch.create(reqs, self.page), q, kv)
-            for name, backend in zip(("torch", "native"), self.backends(pool), strict=True)
-        }
-        return _alternate({**calls, "read": probe.read}, reps)
+        backend.prepare(batch)  # once: every layer of a forward reuses the plan
+        return lambda: backend.forward(0, q, kv, kv, batch)
 
-    def _row(
-        self, kernel: str, case: str, times: dict[str, float], probe: BandwidthProbe, tokens: int
-    ) -> dict:
-        read = probe.bandwidth(times["read"])
-        read_limit = self.kv_bytes(tokens) / read
-        row = {
+    def _row(self, kernel: str, case: str, calls: dict, tokens: int) -> dict:
+        t = report.time_alternating({**calls, "read": self.probe.read}, self.cfg.reps)
+        nbytes = 2 * tokens * self.kv_heads * self.head_dim * self.dtype.itemsize
+        base = "torch" if "torch" in t else "plain"
+        return _limits(t, nbytes, self.probe) | {
             "kernel": kernel,
             "dtype": str(self.dtype).removeprefix("torch."),
             "case": case,
-            "native_ms": times["native"] * 1e3,
-            "read_limit_ms": read_limit * 1e3,
-            "of_read_limit": times["native"] / read_limit,
-            "read_gb_s": read / 1e9,
+            f"{base}_ms": t[base] * 1e3,
+            "speedup": t[base] / t["native"],
         }
-        if "torch" in times:
-            row |= {"torch_ms": times["torch"] * 1e3, "speedup": times["torch"] / times["native"]}
-        return row
 
 
-def _forward(backend, batch: ForwardBatch, q, kv) -> Callable[[], object]:
-    backend.prepare(batch)  # once: every layer of a forward reuses the plan
-    return lambda: backend.forward(0, q, kv, kv, batch)
+def linear_row(hf, dtype: torch.dtype, n: int, probe: BandwidthProbe, cfg) -> dict:
+    """A decode step's projections at ``n`` rows (each layer's q/k/v and gate/up as one
+    product, as the engine runs them): the engine's path (``packed_linear``: the native
+    kernels or oneDNN where they pay) against ``F.linear``."""
+    h, inter = hf.hidden_size, hf.intermediate_size
+    head_dim = getattr(hf, "head_dim", None) or h // hf.num_attention_heads
+    q, kv = hf.num_attention_heads * head_dim, hf.num_key_value_heads * head_dim
+    shapes = [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)]
+    layers = cfg.linear_layers or hf.num_hidden_layers
+    g = torch.Generator().manual_seed(cfg.seed)
+    weights = [torch.randn(o, i, generator=g).to(dtype) for _ in range(layers) for o, i in shapes]
+    packed = [pack(w) for w in weights]
+    x = {i: torch.randn(n, i, generator=g).to(dtype) for i in {h, q, inter}}
+    pairs = list(zip(weights, packed, strict=True))
+    calls = {
+        "torch": lambda: [F.linear(x[w.shape[1]], w) for w in weights],
+        "native": lambda: [packed_linear(x[w.shape[1]], w, p) for w, p in pairs],
+        "read": probe.read,
+    }
+    t = report.time_alternating(calls, cfg.reps)
+    nbytes = sum(w.numel() for w in weights) * dtype.itemsize
+    return _limits(t, nbytes, probe) | {
+        "dtype": str(dtype).removeprefix("torch."),
+        "case": f"{n} rows x {layers} layers",
+        "weight_mb": nbytes / 1e6,
+        "torch_ms": t["torch"] * 1e3,
+        "speedup": t["torch"] / t["native"],
+    }
 
 
-def _alternate(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
-    return medians(time_alternating(calls, reps))
+def _limits(t: dict[str, float], nbytes: int, probe: BandwidthProbe) -> dict:
+    """The native time against the time to read ``nbytes`` at the probe's bandwidth."""
+    read = probe.bandwidth(t["read"])
+    return {
+        "native_ms": t["native"] * 1e3,
+        "read_limit_ms": nbytes / read * 1e3,
+        "of_read_limit": t["native"] / (nbytes / read),
+        "read_gb_s": read / 1e9,
+    }
+
+
+def matcher_rows(cfg: KernelBenchConfig) -> list[dict]:
+    """``match_prefix`` p50 over 1,000 prompts with and without the native edge scan, for a
+    full hit and for queries leaving a long edge halfway (where the scan matters)."""
+    shape = TreeShape.for_sizes(cfg.matcher_tree_tokens, cfg.matcher_hit)
+    trees = {}
+    for name in ("python", "native"):  # the same tree twice: the same seed
+        rng = np.random.default_rng(cfg.seed)
+        trees[name], first_turns = build_tree(shape, cfg.page_size, rng, name == "native")
+    picks = rng.integers(0, len(first_turns), 1000)
+    hits = [np.concatenate([first_turns[i], unseen_tokens(rng, 64)]) for i in picks]
+    half = shape.prompt_len // 2
+    partial = [np.concatenate([q[:half], unseen_tokens(rng, len(q) - half)]) for q in hits]
+    rows = []
+    for case, queries in (("full hit", hits), ("leaves an edge halfway", partial)):
+        row = {"kernel": "matcher", "case": f"{case}, {shape.tree_tokens:,}-token tree"}
+        for name, tree in trees.items():
+            p50 = np.median(report.per_call(queries, tree.match_prefix))
+            row[f"{name}_us"] = float(p50) * 1e6
+        rows.append(row)
+    return rows
 
 
 TABLES = (
@@ -249,31 +256,37 @@ TABLES = (
             Column("speedup", "speedup", times),
             Column("read_limit_ms", "read limit", num(2), wide=True),
             Column("of_read_limit", "x read limit", num(2)),
-            Column("read_gb_s", "read GB/s", num(1), wide=True),
         ),
     ),
-    LINEAR_TABLE,
+    TableSpec(
+        "linear",
+        "a decode step's projections over every layer (ms, medians)",
+        (
+            Column("dtype", "dtype"),
+            Column("case", "case"),
+            Column("weight_mb", "weights MB", num(0), wide=True),
+            Column("torch_ms", "F.linear ms", num(1)),
+            Column("native_ms", "engine ms", num(1)),
+            Column("speedup", "speedup", times),
+            Column("read_limit_ms", "read limit ms", num(1), wide=True),
+            Column("of_read_limit", "x read limit", num(2)),
+        ),
+    ),
     TableSpec(
         "matcher",
-        "the radix tree's walk, p50 µs",
+        "the radix tree's match_prefix, p50 µs",
         (
             Column("case", "case"),
-            Column("python_walk_us", "Python walk", num(1)),
-            Column("native_walk_us", "native scan", num(1)),
-            Column("match_prefix_us", "match_prefix", num(1)),
+            Column("python_us", "Python walk", num(1)),
+            Column("native_us", "native scan", num(1)),
         ),
     ),
 )
-
 QUICK = {
     "batches": (1, 4),
     "contexts": (64, 600),
     "extends": ((2, 40, 24),),
-    "cascade_batch": 4,
-    "cascade_prefix": 300,
-    "cascade_suffix": 8,
-    "block_queries": 40,
-    "block_keys": 100,
+    "cascade": (4, 300, 8),
     "linear_rows": (1, 5),
     "linear_layers": 2,
     "matcher_tree_tokens": 20_000,
@@ -283,20 +296,29 @@ QUICK = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="bench-135m", help="a preset whose shape to use")
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     p.add_argument("--reps", type=int, default=5, help="alternating calls per case")
-    p.add_argument("--quick", action="store_true", help="small shapes, for smoke tests")
-    p.add_argument("--plot", help="write a PNG chart to this file")
+    report.add_common(p, plot=True)
 
 
 def run(args: argparse.Namespace) -> int:
     if load_native() is None:
         print("the native kernels could not be built (see the log above)")
         return 1
-    cfg = KernelBenchConfig(preset=args.model, dtypes=tuple(args.dtypes), reps=args.reps)
-    if args.quick:
-        cfg = replace(cfg, **QUICK)
-    out = with_progress("bench kernels", num_steps(cfg), lambda s: run_kernel_bench(cfg, s))
+    fields = dict(preset=args.model, dtypes=tuple(args.dtypes), reps=args.reps, seed=args.seed)
+    cfg = report.configure(KernelBenchConfig, args, QUICK, **fields)
+    cells = len(cfg.batches) * len(cfg.contexts) + len(cfg.extends) + len(cfg.linear_rows)
+    total = cells * len(cfg.dtypes)
+    out = report.with_progress("bench kernels", total, lambda step: run_kernel_bench(cfg, step))
     print(f"memory read bandwidth {out['read_gb_s']:.1f} GB/s (median)")
-    return finish(args, cfg, out, TABLES, lambda path: plots.plot_kernel_bench(out["rows"], path))
+    decode = []
+    for r in out["rows"]:
+        if r["kernel"] == "decode":
+            batch, context = r["case"].split(" x ")
+            decode.append(r | {"context": int(context), "line": f"{r['dtype']}, batch {batch}"})
+
+    def chart(path: str) -> None:
+        ys = ["native_ms", "torch_ms"]
+        report.plot(path, decode, "context", ys, "line", logx=True, logy=True)
+
+    return report.finish(args, cfg, out, TABLES, chart)

@@ -1,8 +1,8 @@
 """``radixserve bench lang``: DSL programs run with ``run_batch``, prefix cache on and off.
 
 Every call a program makes is recorded, so the achieved token hit rate can be set next to
-the optimal one: each distinct prefix token computed once, with unlimited memory, where
-tokens a decode step already computed (a reply the next call extends) count as computed.
+the optimal one (``optimal_hit_rate``). Cache on and off alternate round by round; each row
+is its median round, and the speedup the median of the paired rounds' ratios.
 """
 
 from __future__ import annotations
@@ -10,24 +10,16 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 
-from radixserve.bench.report import (
-    Column,
-    TableSpec,
-    finish,
-    num,
-    pct,
-    times,
-    with_progress,
-)
-from radixserve.bench.timing import alternating, median_round, paired
+from radixserve.bench import report
+from radixserve.bench.report import Column, Step, TableSpec, num, pct, times
 from radixserve.bench.workloads import optimal_hit_rate
 from radixserve.engine import Engine, SamplingParams
 from radixserve.lang import EngineBackend, assistant, function, gen, system, user
-from radixserve.lang.backend import OnText
-from radixserve.model.tokenizer import _corpus
+from radixserve.model.tokenizer import corpus
 
 
 @dataclass(frozen=True)
@@ -40,38 +32,30 @@ class LangBenchConfig:
     tot_depth: int = 2
     max_tokens: int = 16
     page_size: int = 1
-    rounds: int = 1  # cache on/off alternate this many times
+    rounds: int = 1
     seed: int = 0
 
 
-@dataclass
-class Call:
-    input_ids: list[int]
-    output_ids: list[int]
-    cached_tokens: int
-
-
 class RecordingBackend(EngineBackend):
-    """The engine backend, keeping every call's prompt, output and cached length."""
+    """The engine backend, keeping every call's (prompt, output, cached length)."""
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
-        self.calls: list[Call] = []
+        self.calls: list[tuple[list[int], list[int], int]] = []
         self._lock = threading.Lock()
 
     def _record(self, input_ids: Sequence[int], out: dict) -> None:
-        call = Call(list(input_ids), out["token_ids"], out["meta_info"]["cached_tokens"])
         with self._lock:
-            self.calls.append(call)
+            self.calls.append(
+                (list(input_ids), out["token_ids"], out["meta_info"]["cached_tokens"])
+            )
 
-    def generate(
-        self, input_ids: Sequence[int], params: SamplingParams, on_text: OnText | None = None
-    ) -> dict:
+    def generate(self, input_ids, params, on_text=None) -> dict:
         out = super().generate(input_ids, params, on_text)
         self._record(input_ids, out)
         return out
 
-    def score(self, context_ids: Sequence[int], choices: Sequence[Sequence[int]]) -> list[dict]:
+    def score(self, context_ids, choices) -> list[dict]:
         outs = super().score(context_ids, choices)
         for choice, out in zip(choices, outs, strict=True):
             self._record([*context_ids, *choice], out)
@@ -87,13 +71,6 @@ def few_shot(s, examples, question, max_tokens):
     s += gen("answer", max_tokens=max_tokens, temperature=0, ignore_eos=True)
 
 
-def few_shot_batch(cfg: LangBenchConfig) -> list[dict]:
-    lines = _corpus(seed=cfg.seed + 11, lines=2 * cfg.few_shot_examples + cfg.few_shot_questions)
-    examples = [(lines[2 * i], lines[2 * i + 1]) for i in range(cfg.few_shot_examples)]
-    questions = lines[2 * cfg.few_shot_examples :]
-    return [{"examples": examples, "question": q, "max_tokens": cfg.max_tokens} for q in questions]
-
-
 @function
 def tree_of_thought(s, question, width, depth, max_tokens, seed):
     s += system("Think step by step. Propose one idea per step and keep it short.")
@@ -103,12 +80,9 @@ def tree_of_thought(s, question, width, depth, max_tokens, seed):
         children = []
         for n, node in enumerate(frontier):
             for b, branch in enumerate(node.fork(width)):
+                seed_b = seed * 1000 + level * 100 + n * width + b
                 step = gen(
-                    "step",
-                    max_tokens=max_tokens,
-                    temperature=0.8,
-                    ignore_eos=True,
-                    seed=seed * 1000 + level * 100 + n * width + b,
+                    "step", max_tokens=max_tokens, temperature=0.8, ignore_eos=True, seed=seed_b
                 )
                 branch += assistant(step)
                 branch += user(f"Go on from idea {b + 1}.")
@@ -116,82 +90,65 @@ def tree_of_thought(s, question, width, depth, max_tokens, seed):
         frontier = children
 
 
-def tree_of_thought_batch(cfg: LangBenchConfig) -> list[dict]:
-    questions = _corpus(seed=cfg.seed + 23, lines=cfg.tot_programs)
-    return [
-        {
-            "question": q,
-            "width": cfg.tot_width,
-            "depth": cfg.tot_depth,
-            "max_tokens": cfg.max_tokens,
-            "seed": i,
-        }
-        for i, q in enumerate(questions)
-    ]
+def batch(cfg: LangBenchConfig, program: str) -> list[dict]:
+    """Each program's arguments, from the tokenizer's corpus."""
+    if program == "few-shot":
+        n = cfg.few_shot_examples
+        lines = corpus(seed=cfg.seed + 11, lines=2 * n + cfg.few_shot_questions)
+        examples = [(lines[2 * i], lines[2 * i + 1]) for i in range(n)]
+        return [
+            {"examples": examples, "question": q, "max_tokens": cfg.max_tokens}
+            for q in lines[2 * n :]
+        ]
+    shape = {"width": cfg.tot_width, "depth": cfg.tot_depth, "max_tokens": cfg.max_tokens}
+    questions = corpus(seed=cfg.seed + 23, lines=cfg.tot_programs)
+    return [{"question": q, "seed": i, **shape} for i, q in enumerate(questions)]
 
 
-PROGRAMS = {
-    "few-shot": (few_shot, few_shot_batch),
-    "tree-of-thought": (tree_of_thought, tree_of_thought_batch),
-}
+PROGRAMS = {"few-shot": few_shot, "tree-of-thought": tree_of_thought}
 
 
-def run_once(cfg: LangBenchConfig, program: str, cache_on: bool) -> dict:
-    fn, make_batch = PROGRAMS[program]
-    batch = make_batch(cfg)
-    options = dict(page_size=cfg.page_size, enable_prefix_cache=cache_on, seed=cfg.seed)
+def run_once(cfg: LangBenchConfig, program: str, cache: str) -> dict:
+    args = batch(cfg, program)
+    options = dict(page_size=cfg.page_size, enable_prefix_cache=cache == "radix", seed=cfg.seed)
     with Engine(cfg.model, **options) as engine:
         engine.generate("warm up", SamplingParams(max_new_tokens=2))  # first-call costs
         engine.flush_cache()
         backend = RecordingBackend(engine)
         start = time.perf_counter()
-        states = fn.run_batch(batch, backend=backend)
+        states = PROGRAMS[program].run_batch(args, backend=backend)
         seconds = time.perf_counter() - start
         engine.check_invariants()
-    failed = [s.error() for s in states if s.error() is not None]
-    if failed:
+    if failed := [s.error() for s in states if s.error() is not None]:
         raise RuntimeError(f"{program}: {len(failed)} programs failed, first: {failed[0]}")
-    calls = backend.calls
-    prompt = sum(len(c.input_ids) for c in calls)
-    hit = sum(c.cached_tokens for c in calls) / prompt
-    optimal = optimal_hit_rate([(c.input_ids, c.output_ids) for c in calls], cfg.page_size)
+    prompt = sum(len(ids) for ids, _, _ in backend.calls)
+    hit = sum(cached for _, _, cached in backend.calls) / prompt
+    optimal = optimal_hit_rate([(ids, out) for ids, out, _ in backend.calls], cfg.page_size)
     return {
         "program": program,
-        "cache": "radix" if cache_on else "off",
-        "programs": len(batch),
-        "calls": len(calls),
+        "cache": cache,
+        "programs": len(args),
+        "calls": len(backend.calls),
         "prompt_tokens": prompt,
-        "output_tokens": sum(len(c.output_ids) for c in calls),
         "seconds": seconds,
-        "programs_s": len(batch) / seconds,
+        "programs_s": len(args) / seconds,
         "hit_rate": hit,
         "optimal_hit_rate": optimal,
         "of_optimal": hit / optimal if optimal else float("nan"),
     }
 
 
-def run_lang_bench(
-    cfg: LangBenchConfig, programs: Sequence[str], step: Callable[[str], None]
-) -> list[dict]:
-    """Cache on and off alternate round by round; each row is its median round, and the
-    speedup the median of the paired rounds' ratios (with their min-max)."""
+def run_lang_bench(cfg: LangBenchConfig, programs: Sequence[str], step: Step) -> list[dict]:
     rows = []
     for program in programs:
-        rounds: dict[str, list[dict]] = {"radix": [], "off": []}
-        for label in alternating(["radix", "off"], cfg.rounds):
-            rounds[label].append(run_once(cfg, program, label == "radix"))
-            step(f"{program} cache {label}")
-        off = [r["seconds"] for r in rounds["off"]]
-        for runs in rounds.values():
-            ratio = paired(off, [r["seconds"] for r in runs])
-            row = median_round(runs)
+        runs = report.run_rounds(
+            ["radix", "off"], cfg.rounds, partial(run_once, cfg, program), step
+        )
+        off = [r["seconds"] for r in runs["off"]]
+        for rounds in runs.values():
             rows.append(
-                {
-                    **row,
-                    "speedup": ratio["median"],
-                    "speedup_min": ratio["min"],
-                    "speedup_max": ratio["max"],
-                }
+                report.median_round(rounds)
+                | report.paired("speedup", off, [r["seconds"] for r in rounds])
             )
     return rows
 
@@ -203,9 +160,7 @@ TABLES = (
         (
             Column("program", "program"),
             Column("cache", "cache"),
-            Column("programs", "programs", wide=True),
             Column("calls", "calls"),
-            Column("prompt_tokens", "prompt tokens", wide=True),
             Column("programs_s", "programs/s", num(2)),
             Column("speedup", "speedup", times),
             Column("hit_rate", "hit rate", pct),
@@ -214,24 +169,22 @@ TABLES = (
         ),
     ),
 )
-QUICK = {"few_shot_questions": 12, "tot_programs": 2, "tot_width": 2, "max_tokens": 4, "rounds": 1}
+QUICK = {"few_shot_questions": 12, "tot_programs": 2, "tot_width": 2, "max_tokens": 4}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="bench-135m", help="any model argument (docs/models.md)")
-    p.add_argument("--programs", nargs="+", default=["all"], help="few-shot, tree-of-thought")
+    p.add_argument("--programs", nargs="+", default=list(PROGRAMS), help=", ".join(PROGRAMS))
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="small batches, for smoke tests")
-    p.add_argument("--seed", type=int, default=0)
+    report.add_common(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = LangBenchConfig(model=args.model, rounds=args.rounds, seed=args.seed)
-    if args.quick:
-        cfg = replace(cfg, **QUICK)
-    programs = list(PROGRAMS) if args.programs == ["all"] else args.programs
-    if unknown := set(programs) - set(PROGRAMS):
-        raise ValueError(f"unknown programs {sorted(unknown)}; choose from {sorted(PROGRAMS)}")
-    total = len(programs) * 2 * cfg.rounds
-    rows = with_progress("bench lang", total, lambda step: run_lang_bench(cfg, programs, step))
-    return finish(args, cfg, {"rows": rows}, TABLES)
+    if unknown := set(args.programs) - set(PROGRAMS):
+        raise ValueError(f"unknown programs {sorted(unknown)}; choose from {list(PROGRAMS)}")
+    fields = dict(model=args.model, rounds=args.rounds, seed=args.seed)
+    cfg = report.configure(LangBenchConfig, args, QUICK, **fields)
+    total = len(args.programs) * 2 * cfg.rounds
+    rows = report.with_progress(
+        "bench lang", total, lambda step: run_lang_bench(cfg, args.programs, step)
+    )
+    return report.finish(args, cfg, {"rows": rows}, TABLES)

@@ -1,24 +1,36 @@
-"""Benchmark rows (lists of flat dicts) as terminal tables, JSON and markdown, from one column
-registry per benchmark: the terminal shows the narrow columns (80 characters), ``--wide``
-and the docs show them all, the JSON keeps every key."""
+"""What every benchmark shares: its command line's common options, the one way it times
+things, its rows as terminal tables, JSON and markdown, and its chart.
+
+Rows are lists of flat dicts, shown through one column registry per benchmark (``TABLES``):
+the terminal shows the narrow columns (80 characters), ``--wide`` and the docs show them
+all, the JSON keeps every key. Configurations alternate (every other round reversed, so
+drift hits all alike); a comparison is the median of the paired rounds' ratios with their
+min-max. The machine is shared and noisy: nothing finer is claimed from it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import date
 from pathlib import Path
+from statistics import median
 from typing import TypeVar
 
+import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+T = TypeVar("T")
 Fmt = Callable[[object], str]
+Step = Callable[[str], None]
 
 
 def num(digits: int = 1) -> Fmt:
@@ -31,10 +43,6 @@ def pct(v: object) -> str:
 
 def times(v: object) -> str:
     return "" if v is None else f"{v:.2f}x"
-
-
-def ms(v: object) -> str:
-    return "" if v is None else f"{1000 * v:.0f}"
 
 
 def plain(v: object) -> str:
@@ -62,9 +70,119 @@ class TableSpec:
     columns: tuple[Column, ...]
 
 
-def print_table(
-    title: str, rows: Sequence[dict], columns: Sequence[Column], wide: bool = False
-) -> None:
+# ---- the command line ----------------------------------------------------------------------
+
+
+def add_common(p: argparse.ArgumentParser, model: str | None = "bench-135m", plot=False) -> None:
+    """The options most benchmarks take: the model, ``--quick``, the seed, a chart."""
+    if model is not None:
+        p.add_argument("--model", default=model, help="any model argument (docs/models.md)")
+    p.add_argument("--quick", action="store_true", help="small sizes, for smoke tests")
+    p.add_argument("--seed", type=int, default=0)
+    if plot:
+        p.add_argument("--plot", help="write a PNG chart to this file")
+
+
+def configure(cls: Callable[..., T], args: argparse.Namespace, quick: dict, **fields) -> T:
+    """A benchmark's frozen config from ``fields``, shrunk by ``quick`` under ``--quick``."""
+    cfg = cls(**fields)
+    return replace(cfg, **quick) if getattr(args, "quick", False) else cfg
+
+
+def with_progress(title: str, total: int, run: Callable[[Step], T]) -> T:
+    """Call ``run(step)`` under a transient progress bar; each ``step(label)`` advances it."""
+    with Progress(transient=True) as progress:
+        task = progress.add_task(title, total=total)
+        return run(lambda label: progress.update(task, advance=1, description=label))
+
+
+def finish(
+    args: argparse.Namespace,
+    cfg: object | None,
+    data: dict,
+    tables: Sequence[TableSpec],
+    plot: Callable[[str], None] | None = None,
+) -> int:
+    """A benchmark's last steps: its tables on the terminal, its rows with the run's
+    configuration (a dataclass) as JSON under ``--json``, its chart under ``--plot``."""
+    print_tables(data, tables, args.wide)
+    if args.json:
+        write_json(args.json, data if cfg is None else {"config": asdict(cfg), **data})
+    if plot is not None and getattr(args, "plot", None):
+        try:
+            plot(args.plot)
+        except ImportError:
+            print("plotting needs matplotlib: pip install 'radixserve[bench]'")
+            return 1
+    return 0
+
+
+# ---- timing --------------------------------------------------------------------------------
+
+
+def alternating(labels: Sequence[str], rounds: int) -> list[str]:
+    """The run order: A B C, C B A, A B C, ..."""
+    order: list[str] = []
+    for r in range(rounds):
+        order += list(labels) if r % 2 == 0 else list(labels)[::-1]
+    return order
+
+
+def run_rounds(labels: Sequence[str], rounds: int, run: Callable[[str], dict], step: Step):
+    """``run(label)`` for each label, alternating, ``rounds`` times: the rows by label."""
+    out: dict[str, list[dict]] = {label: [] for label in labels}
+    for label in alternating(labels, rounds):
+        out[label].append(run(label))
+        step(label)
+    return out
+
+
+def time_alternating(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median seconds of each call, the calls alternating (each warmed up once)."""
+    for call in calls.values():
+        call()
+    seconds: dict[str, list[float]] = {name: [] for name in calls}
+    for name in alternating(list(calls), reps):
+        start = time.perf_counter()
+        calls[name]()
+        seconds[name].append(time.perf_counter() - start)
+    return {name: median(values) for name, values in seconds.items()}
+
+
+def median_round(rounds: Sequence[dict], key: str = "seconds") -> dict:
+    """The round whose ``key`` is the median (the upper middle one of an even count)."""
+    return sorted(rounds, key=lambda r: r[key])[len(rounds) // 2]
+
+
+def paired(name: str, slow: Sequence[float], fast: Sequence[float]) -> dict[str, float]:
+    """``slow[i] / fast[i]`` for rounds run back to back: ``name`` (the median), its min
+    and its max."""
+    ratios = [a / b for a, b in zip(slow, fast, strict=True)]
+    return {name: median(ratios), f"{name}_min": min(ratios), f"{name}_max": max(ratios)}
+
+
+def per_call(items: Sequence, call: Callable, prepare: Callable = lambda item: item) -> np.ndarray:
+    """Seconds of ``call(prepare(item))`` for each item (``prepare`` untimed), the garbage
+    collector paused so no call pays for a collection it did not cause."""
+    out = np.empty(len(items))
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        for i, item in enumerate(items):
+            arg = prepare(item)
+            start = time.perf_counter()
+            call(arg)
+            out[i] = time.perf_counter() - start
+    finally:
+        if was_on:
+            gc.enable()
+    return out
+
+
+# ---- output --------------------------------------------------------------------------------
+
+
+def print_table(title: str, rows: Sequence[dict], columns: Sequence[Column], wide=False) -> None:
     shown = [c for c in columns if wide or not c.wide]
     table = Table(title=title)
     for c in shown:
@@ -82,24 +200,11 @@ def print_tables(data: dict, specs: Sequence[TableSpec], wide: bool = False) -> 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[Column], wide: bool = False) -> str:
     present = [c for c in columns if (wide or not c.wide) and any(c.key in r for r in rows)]
+    numeric = {c.key for c in present if any(isinstance(r.get(c.key), int | float) for r in rows)}
     head = "| " + " | ".join(c.header for c in present) + " |"
-
-    def numeric(key: str) -> bool:
-        return any(isinstance(r.get(key), int | float) for r in rows)
-
-    align = "|" + "|".join("---:" if numeric(c.key) else "---" for c in present) + "|"
+    align = "|" + "|".join("---:" if c.key in numeric else "---" for c in present) + "|"
     body = ["| " + " | ".join(c.fmt(r.get(c.key)) for c in present) + " |" for r in rows]
     return "\n".join([head, align, *body])
-
-
-T = TypeVar("T")
-
-
-def with_progress(title: str, total: int, run: Callable[[Callable[[str], None]], T]) -> T:
-    """Call ``run(step)`` under a transient progress bar; each ``step(label)`` advances it."""
-    with Progress(transient=True) as progress:
-        task = progress.add_task(title, total=total)
-        return run(lambda label: progress.update(task, advance=1, description=label))
 
 
 def write_json(path: str | Path, payload: dict) -> None:
@@ -134,28 +239,32 @@ def machine() -> dict:
     }
 
 
-def finish(
-    args: argparse.Namespace,
-    cfg: object,
-    data: dict,
-    tables: Sequence[TableSpec],
-    plot: Callable[[str], None] | None = None,
-) -> int:
-    """A benchmark's last steps: its tables on the terminal, its rows with the run's
-    configuration (a dataclass) as JSON under ``--json``, its chart under ``--plot``."""
-    print_tables(data, tables, args.wide)
-    if args.json:
-        write_json(args.json, {"config": asdict(cfg), **data})
-    if plot is not None and getattr(args, "plot", None):
-        return plot_or_explain(lambda: plot(args.plot))
-    return 0
+def plot(path: str, rows: Sequence[dict], x: str, ys: Sequence[str], series: str, **how) -> None:
+    """One panel per key of ``ys`` (a PNG at ``path``): a line per value of ``series``
+    against ``x`` or, with ``bars=True``, a bar per row. ``how``: ``title``, ``logx``,
+    ``logy``, ``bars``. matplotlib is an optional extra (``radixserve[bench]``)."""
+    import matplotlib
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-def plot_or_explain(plot: Callable[[], None]) -> int:
-    """Run a plot, or say how to get matplotlib (an optional extra)."""
-    try:
-        plot()
-    except ImportError:
-        print("plotting needs matplotlib: pip install 'radixserve[bench]'")
-        return 1
-    return 0
+    fig, axes = plt.subplots(1, len(ys), figsize=(5 * len(ys), 4), squeeze=False)
+    for ax, y in zip(axes[0], ys, strict=True):
+        if how.get("bars"):
+            labels = [str(r[series]) for r in rows]
+            ax.bar(labels, [r[y] for r in rows], color=[f"C{i}" for i in range(len(rows))])
+            ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+        else:
+            for name in dict.fromkeys(r[series] for r in rows):
+                line = sorted((r for r in rows if r[series] == name), key=lambda r: r[x])
+                ax.plot([r[x] for r in line], [r[y] for r in line], marker="o", label=name)
+            ax.set_xlabel(x)
+            ax.legend(fontsize=7)
+        ax.set_xscale("log" if how.get("logx") else "linear")
+        ax.set_yscale("log" if how.get("logy") else "linear")
+        ax.set_title(y)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(how.get("title", ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

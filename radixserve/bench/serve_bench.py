@@ -1,42 +1,249 @@
 """``radixserve bench serve``: the real server under a streamed chat load, configurations side
 by side.
 
-Each configuration is a ``radixserve serve`` process (or any OpenAI-compatible server given by
-``--url``, vLLM's for instance) driven by the same load (``serve_load``); configurations
-alternate round by round. A label names server flags, joined by ``+``: ``mixed`` (the
-defaults), ``alternating`` (``--no-mixed-batches``), ``off`` (no prefix cache), ``chunk=N``
-(``--chunked-prefill-size``), ``itl=MS`` (``--itl-target-ms``). Rows are each figure's
-median over the rounds; pairs compare each configuration with the first, round by round.
-After each run the server audits its cache accounting and stops on SIGTERM, cleanly.
+The load: streamed chat completions from users who share a few long system prompts, Poisson
+arrivals, at most ``concurrency`` streams open. Each configuration is a ``radixserve serve``
+child process (or any OpenAI-compatible server given by ``--url``, vLLM's for instance);
+configurations alternate round by round. A label names server flags, joined by ``+``:
+``mixed`` (the defaults), ``alternating`` (``--no-mixed-batches``), ``off`` (no prefix
+cache), ``chunk=N`` (``--chunked-prefill-size``), ``itl=MS`` (``--itl-target-ms``). Rows
+are each figure's median over the rounds; pairs compare each configuration with the first,
+round by round. After each run the server audits its cache accounting and stops on SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
 import httpx
+import numpy as np
 
-from radixserve.bench import plots
-from radixserve.bench.report import (
-    Column,
-    TableSpec,
-    finish,
-    num,
-    pct,
-    times,
-)
-from radixserve.bench.serve_load import ChatLoad, chat_prompt_ids, drive, summarize
-from radixserve.bench.server_process import ServerProcess
-from radixserve.bench.timing import alternating, paired
+from radixserve.bench import report
+from radixserve.bench.report import Column, TableSpec, num, pct, times
 from radixserve.bench.workloads import optimal_hit_rate
+from radixserve.model.tokenizer import corpus
+from radixserve.server.app import SHUTDOWN_COMPLETE
 
 FLAGS = {"mixed": [], "alternating": ["--no-mixed-batches"], "off": ["--disable-prefix-cache"]}
 VALUED = {"chunk": "--chunked-prefill-size", "itl": "--itl-target-ms"}
+# Where servers empty their prefix cache: ours and SGLang's, vLLM's (VLLM_SERVER_DEV_MODE=1)
+FLUSH_ROUTES = ("/flush_cache", "/reset_prefix_cache")
+
+
+@dataclass(frozen=True)
+class ChatLoad:
+    requests: int = 40
+    concurrency: int = 64
+    request_rate: float = 1.2  # requests per second (Poisson); inf sends all at once
+    max_tokens: int = 48
+    system_prompts: int = 4
+    system_sentences: int = 24
+    zipf: float = 0.0  # system prompts' popularity: rank k drawn in proportion to k^-zipf
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.requests < 1 or self.concurrency < 1 or self.max_tokens < 1:
+            raise ValueError("requests, concurrency and max_tokens must be positive")
+        if not self.request_rate > 0:
+            raise ValueError("request_rate must be positive (inf sends all at once)")
+
+    def chats(self) -> list[list[dict]]:
+        """Each request: one of a few long system prompts, then a user's own question."""
+        systems = [
+            "You are a support assistant. Follow these notes:\n"
+            + "\n".join(corpus(seed=100 + k, lines=self.system_sentences))
+            for k in range(self.system_prompts)
+        ]
+        rng = random.Random(self.seed)
+        weights = [(k + 1) ** -self.zipf for k in range(self.system_prompts)]
+
+        def system() -> str:  # uniform draws kept as they were, so earlier runs repeat
+            return rng.choices(systems, weights)[0] if self.zipf else rng.choice(systems)
+
+        questions = corpus(seed=self.seed + 7, lines=self.requests)
+        return [
+            [
+                {"role": "system", "content": system()},
+                {"role": "user", "content": f"User {i}: {questions[i]}"},
+            ]
+            for i in range(self.requests)
+        ]
+
+
+@dataclass
+class RequestRecord:
+    """What one stream saw."""
+
+    error: str = ""
+    ttft_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)  # the gaps between chunks
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+async def _stream_chat(client: httpx.AsyncClient, body: dict) -> RequestRecord:
+    rec = RequestRecord()
+    start = last = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                rec.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                return rec
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    rec.error = event["error"]["message"]
+                    return rec
+                if u := event.get("usage"):
+                    rec.prompt_tokens = u["prompt_tokens"]
+                    rec.completion_tokens = u["completion_tokens"]
+                    details = u.get("prompt_tokens_details") or {}  # vLLM: only if enabled
+                    rec.cached_tokens = details.get("cached_tokens") or 0
+                # Each chunk is one scheduler step's tokens; its text may be empty (a special
+                # token, a held-back stop prefix), so arrival is timed by chunk, not by text.
+                if event.get("choices"):
+                    now = time.perf_counter()
+                    if rec.ttft_s == 0.0:
+                        rec.ttft_s = now - start
+                    else:
+                        rec.itl_s.append(now - last)
+                    last = now
+    except httpx.HTTPError as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"
+        return rec
+    if rec.completion_tokens == 0:
+        rec.error = "stream ended without usage"
+    return rec
+
+
+async def drive(
+    url: str, load: ChatLoad, model: str | None = None, on_done: Callable[[], None] = lambda: None
+) -> tuple[list[RequestRecord], float]:
+    """Send every chat at the load's rate and concurrency; returns records and seconds."""
+    gate = asyncio.Semaphore(load.concurrency)
+    rng = np.random.default_rng(load.seed)
+    limits = httpx.Limits(max_connections=load.concurrency, max_keepalive_connections=0)
+    body = {
+        "max_tokens": load.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,  # fixed output lengths make configurations comparable
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    } | ({} if model is None else {"model": model})
+    async with httpx.AsyncClient(base_url=url, timeout=600.0, limits=limits) as client:
+
+        async def one(messages: list[dict]) -> RequestRecord:
+            async with gate:
+                rec = await _stream_chat(client, {**body, "messages": messages})
+            on_done()
+            return rec
+
+        start = time.perf_counter()
+        tasks = []
+        for messages in load.chats():
+            tasks.append(asyncio.create_task(one(messages)))
+            if load.request_rate != float("inf"):
+                await asyncio.sleep(rng.exponential(1.0 / load.request_rate))
+        records = await asyncio.gather(*tasks)
+        return records, time.perf_counter() - start
+
+
+def summarize(records: list[RequestRecord], seconds: float) -> dict:
+    done = [r for r in records if r.ok]
+    ttft = [r.ttft_s for r in done] or [float("nan")]
+    itl = [x for r in done for x in r.itl_s] or [float("nan")]
+    prompt = sum(r.prompt_tokens for r in done)
+    return {
+        "requests": len(records),
+        "errors": len(records) - len(done),
+        "seconds": seconds,
+        "req_s": len(done) / seconds,
+        "out_tok_s": sum(r.completion_tokens for r in done) / seconds,
+        "ttft_p50_ms": 1000 * float(np.percentile(ttft, 50)),
+        "ttft_p99_ms": 1000 * float(np.percentile(ttft, 99)),
+        "itl_p50_ms": 1000 * float(np.percentile(itl, 50)),
+        "itl_p99_ms": 1000 * float(np.percentile(itl, 99)),
+        "hit_rate": sum(r.cached_tokens for r in done) / prompt if prompt else 0.0,
+        "first_error": next((r.error for r in records if not r.ok), ""),
+    }
+
+
+class ServerProcess:
+    """``radixserve serve ARGS`` in a child process on a free loopback port (its own
+    interpreter, signals and exit code), once ``/health`` answers; ``stop`` sends SIGTERM.
+    Output goes to a file so a chatty server never blocks on a pipe."""
+
+    def __init__(self, args: Sequence[str], startup_timeout_s: float = 180.0) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        fd, self.log_path = tempfile.mkstemp(prefix="radixserve-", suffix=".log")
+        cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", str(self.port), *args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
+        os.close(fd)
+        deadline = time.monotonic() + startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.kill()
+        raise RuntimeError(f"server not healthy after {startup_timeout_s:.0f} s:\n{self.output()}")
+
+    def output(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self, timeout_s: float = 60.0) -> bool:
+        """SIGTERM, then wait; True when the server shut down gracefully. Like most servers,
+        uvicorn re-raises the signal once it has shut down, so the exit status is -SIGTERM."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return False
+        return code in (0, -signal.SIGTERM) and SHUTDOWN_COMPLETE in self.output()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+        os.unlink(self.log_path)
 
 
 def server_flags(label: str) -> list[str]:
@@ -58,110 +265,95 @@ def server_flags(label: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class External:
-    """A server this benchmark does not start: loaded at ``url``, asked for ``model``."""
-
-    label: str
-    url: str
-    model: str | None = None
-
-
-@dataclass(frozen=True)
 class ServeBenchConfig:
     model: str = "bench-135m"
     load: ChatLoad = field(default_factory=ChatLoad)
     page_size: int = 16
     configs: tuple[str, ...] = ("mixed", "alternating")
-    external: tuple[External, ...] = ()
+    urls: tuple[tuple[str, str], ...] = ()  # (label, url) of servers this does not start
+    url_model: str | None = None  # the model name those servers expect
     rounds: int = 1
 
     def __post_init__(self) -> None:
         for label in self.configs:
             server_flags(label)
-        if not self.configs and not self.external:
+        if not self.configs and not self.urls:
             raise ValueError("give at least one configuration or --url")
         if self.rounds < 1:
             raise ValueError("rounds must be >= 1")
 
     @property
     def labels(self) -> list[str]:
-        return [*self.configs, *(e.label for e in self.external)]
-
-
-# Where servers empty their prefix cache: ours and SGLang's, vLLM's (with
-# VLLM_SERVER_DEV_MODE=1).
-FLUSH_ROUTES = ("/flush_cache", "/reset_prefix_cache")
+        return [*self.configs, *(label for label, _ in self.urls)]
 
 
 def warm_and_flush(url: str, model: str | None) -> bool:
     """One short request (first-call costs, compilation, stay out of the figures), then an
     empty prefix cache, so every round starts cold; False when no flush route answered."""
     warm = {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2}
-    if model is not None:
-        warm["model"] = model
+    warm |= {} if model is None else {"model": model}
     httpx.post(url + "/v1/chat/completions", json=warm, timeout=300.0).raise_for_status()
     return any(httpx.post(url + r, timeout=60.0).status_code == 200 for r in FLUSH_ROUTES)
 
 
-def run_local(cfg: ServeBenchConfig, label: str, on_done: Callable[[], None]) -> dict:
-    """One server process: warm it, drive the load, audit invariants, stop it with SIGTERM."""
+def run_one(cfg: ServeBenchConfig, label: str, on_done: Callable[[], None]) -> dict:
+    """One round of one configuration: a server of ours (warmed, loaded, audited, stopped
+    with SIGTERM) or one at a URL."""
+    if url := dict(cfg.urls).get(label):
+        flushed = warm_and_flush(url, cfg.url_model)
+        records, seconds = asyncio.run(drive(url, cfg.load, cfg.url_model, on_done))
+        return summarize(records, seconds) | {"flushed": "yes" if flushed else "no"}
     args = ["--model", cfg.model, "--page-size", str(cfg.page_size)]
     args += ["--max-running-requests", str(cfg.load.concurrency), "--seed", str(cfg.load.seed)]
     with ServerProcess(args + server_flags(label)) as server:
         warm_and_flush(server.url, None)
         records, seconds = asyncio.run(drive(server.url, cfg.load, None, on_done))
         audit = httpx.get(server.url + "/check_invariants", timeout=120.0).json()
-        t0 = time.perf_counter()
-        graceful = server.stop()
-        row = summarize(records, seconds)
-        row["invariants"] = "ok" if audit["ok"] else audit["error"]
-        row["shutdown"] = "graceful" if graceful else "FAILED"
-        row["shutdown_s"] = time.perf_counter() - t0
-        return row
+        return summarize(records, seconds) | {
+            "invariants": "ok" if audit["ok"] else audit["error"],
+            "shutdown": "graceful" if server.stop() else "FAILED",
+        }
 
 
-def run_external(cfg: ServeBenchConfig, ext: External, on_done: Callable[[], None]) -> dict:
-    flushed = warm_and_flush(ext.url, ext.model)
-    records, seconds = asyncio.run(drive(ext.url, cfg.load, ext.model, on_done))
-    return {**summarize(records, seconds), "flushed": "yes" if flushed else "no"}
+def median_row(label: str, runs: list[dict]) -> dict:
+    """Each figure's median over ``runs``; errors summed; any round's failure is the row's."""
+    row = {"config": label, "rounds": len(runs), "errors": sum(r["errors"] for r in runs)}
+    for key, value in runs[0].items():
+        if key == "errors":
+            continue
+        if isinstance(value, int | float):
+            row[key] = median(r[key] for r in runs)
+        else:
+            row[key] = next((r[key] for r in runs if r[key] != value), value)
+    return row
 
 
 def run_serve_bench(cfg: ServeBenchConfig, on_done: Callable[[], None]) -> dict:
     """Rows (medians over rounds), pairs against the first configuration, the optimal."""
-    external = {e.label: e for e in cfg.external}
+    from radixserve.model.loader import load_tokenizer
+
     rounds: dict[str, list[dict]] = {label: [] for label in cfg.labels}
-    for label in alternating(cfg.labels, cfg.rounds):
-        if label in external:
-            rounds[label].append(run_external(cfg, external[label], on_done))
-        else:
-            rounds[label].append(run_local(cfg, label, on_done))
-    ids = chat_prompt_ids(cfg.model, cfg.load.chats())
+    for label in report.alternating(cfg.labels, cfg.rounds):
+        rounds[label].append(run_one(cfg, label, on_done))
+    # the token ids the server's chat template makes of each chat, with the model's tokenizer
+    tokenizer = load_tokenizer(cfg.model)
+    texts = [
+        tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        for chat in cfg.load.chats()
+    ]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     optimal = optimal_hit_rate(((p, None) for p in ids), cfg.page_size)
-    rows = [_median_row(label, rs, optimal) for label, rs in rounds.items()]
-    first = cfg.labels[0]
-    pairs = [_pair(first, label, rounds[first], rounds[label]) for label in cfg.labels[1:]]
+    rows = [
+        median_row(label, runs) | {"optimal_hit_rate": optimal} for label, runs in rounds.items()
+    ]
+    first = rounds[cfg.labels[0]]
+    pairs = []
+    for label in cfg.labels[1:]:
+        pair = {"config": label, "versus": cfg.labels[0]}
+        for key in ("itl_p99_ms", "ttft_p99_ms", "req_s"):
+            pair |= report.paired(key, [r[key] for r in rounds[label]], [r[key] for r in first])
+        pairs.append(pair)
     return {"rows": rows, "pairs": pairs, "optimal_hit_rate": optimal}
-
-
-def _median_row(label: str, rounds: list[dict], optimal: float) -> dict:
-    row = {"config": label, "rounds": len(rounds), "optimal_hit_rate": optimal}
-    for key, value in rounds[0].items():
-        if isinstance(value, int | float):
-            row[key] = median(r[key] for r in rounds)
-        else:  # a failure in any round is the row's
-            row[key] = next((r[key] for r in rounds if r[key] != value), value)
-    row["errors"] = sum(r["errors"] for r in rounds)
-    row["first_error"] = next((r["first_error"] for r in rounds if r["first_error"]), "")
-    return row
-
-
-def _pair(first: str, label: str, base: list[dict], other: list[dict]) -> dict:
-    """``label`` over ``first``, round by round: ITL and TTFT p99, requests/s."""
-    row = {"config": label, "versus": first}
-    for key in ("itl_p99_ms", "ttft_p99_ms", "req_s"):
-        ratio = paired([r[key] for r in other], [r[key] for r in base])
-        row |= {key: ratio["median"], f"{key}_min": ratio["min"], f"{key}_max": ratio["max"]}
-    return row
 
 
 TABLES = (
@@ -195,10 +387,6 @@ TABLES = (
             Column("itl_p99_ms_max", "max", times),
             Column("ttft_p99_ms", "TTFT p99", times),
             Column("req_s", "req/s", times),
-            Column("ttft_p99_ms_min", "TTFT min", times, wide=True),
-            Column("ttft_p99_ms_max", "TTFT max", times, wide=True),
-            Column("req_s_min", "req/s min", times, wide=True),
-            Column("req_s_max", "req/s max", times, wide=True),
         ),
     ),
 )
@@ -206,7 +394,6 @@ TABLES = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ChatLoad()
-    p.add_argument("--model", default="bench-135m", help="any model argument (docs/models.md)")
     p.add_argument("--requests", type=int, default=d.requests)
     p.add_argument("--concurrency", type=int, default=d.concurrency)
     p.add_argument(
@@ -225,33 +412,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url-label", action="append", default=[], help="its label (per --url)")
     p.add_argument("--url-model", default=None, help="the model name --url servers expect")
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", help="PNG: ITL p99 against TTFT p99, a point per configuration")
+    report.add_common(p, plot=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     labels = args.url_label + [f"url{i}" for i in range(len(args.url_label), len(args.url))]
+    load = ChatLoad(
+        requests=8 if args.quick else args.requests,
+        concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        max_tokens=4 if args.quick else args.max_tokens,
+        system_prompts=args.system_prompts,
+        seed=args.seed,
+    )
     cfg = ServeBenchConfig(
-        model=args.model,
-        load=ChatLoad(
-            requests=args.requests,
-            concurrency=args.concurrency,
-            request_rate=args.request_rate,
-            max_tokens=args.max_tokens,
-            system_prompts=args.system_prompts,
-            seed=args.seed,
-        ),
+        model="tiny" if args.quick else args.model,
+        load=load,
         page_size=args.page_size,
         configs=tuple(args.configs),
-        external=tuple(
-            External(label, url, args.url_model)
-            for label, url in zip(labels, args.url, strict=True)
-        ),
+        urls=tuple(zip(labels, args.url, strict=True)),
+        url_model=args.url_model,
         rounds=args.rounds,
     )
-    load = cfg.load
     with Progress(transient=True) as progress:
         task = progress.add_task("bench serve", total=load.requests * len(cfg.labels) * cfg.rounds)
         data = run_serve_bench(cfg, lambda: progress.advance(task))
@@ -261,14 +445,16 @@ def run(args: argparse.Namespace) -> int:
         f"system prompts, {rate}, {load.max_tokens} tokens each, {cfg.rounds} round(s); "
         f"optimal hit rate {data['optimal_hit_rate']:.1%}"
     )
-    if finish(args, cfg, data, TABLES, lambda path: plots.plot_serve_frontier(data["rows"], path)):
-        return 1
-    failed = [
-        r
-        for r in data["rows"]
-        if r["errors"] or r.get("invariants", "ok") != "ok" or r.get("shutdown") == "FAILED"
-    ]
-    for r in failed:
-        why = r["first_error"] or f"invariants {r.get('invariants')}, shutdown {r['shutdown']}"
-        print(f"{r['config']}: failed: {why}")
-    return 1 if failed else 0
+
+    def chart(path: str) -> None:  # the prefill budget's trade: ITL against TTFT
+        report.plot(
+            path, data["rows"], "ttft_p99_ms", ["itl_p99_ms"], "config", logx=True, logy=True
+        )
+
+    failed = report.finish(args, cfg, data, TABLES, chart)
+    for r in data["rows"]:
+        if r["errors"] or r.get("invariants", "ok") != "ok" or r.get("shutdown") == "FAILED":
+            why = r["first_error"] or f"invariants {r['invariants']}, shutdown {r['shutdown']}"
+            print(f"{r['config']}: failed: {why}")
+            failed = 1
+    return failed

@@ -1,15 +1,8 @@
-"""``radixserve bench structured``: JSON extraction after the SGLang paper's workload — one
-shared document, a schema per request with fixed keys — decoded three ways on one engine:
-
-- ``constrained``: the schema's bitmask on every step, one decode step per token;
-- ``jump-forward``: the same, with forced text (keys, braces, separators) appended and
-  computed as one extend chunk;
-- ``free``: no grammar, each request held to the length of its constrained output
-  (``ignore_eos``), so it does the same decode work without the masks: the mask overhead is
-  the constrained time over this one.
-
-Configurations alternate round by round, the cache flushed before each run; a row is the
-median round, its ratios the median of the paired rounds with their min-max.
+"""``radixserve bench structured``: JSON extraction after the SGLang paper's workload (one
+shared document, a schema per request with fixed keys) decoded three ways on one engine:
+``constrained`` (the schema's bitmask on every step), ``jump-forward`` (forced text appended
+as one extend chunk) and ``free`` (no grammar, held to the constrained output's lengths: the
+same decode work without the masks). Configurations alternate round by round.
 """
 
 from __future__ import annotations
@@ -18,22 +11,12 @@ import argparse
 import json
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from radixserve.bench import plots
-from radixserve.bench.report import (
-    Column,
-    TableSpec,
-    finish,
-    num,
-    pct,
-    times,
-    with_progress,
-)
-from radixserve.bench.timing import alternating, median_round, paired
+from radixserve.bench import report
+from radixserve.bench.report import Column, Step, TableSpec, num, pct, times
 from radixserve.engine import Engine, SamplingParams
-from radixserve.model.tokenizer import _corpus
+from radixserve.model.tokenizer import corpus
 
 CONFIGS = ("constrained", "jump-forward", "free")
 FIELDS = {
@@ -54,7 +37,7 @@ FIELDS = {
 class StructuredBenchConfig:
     model: str = "bench-135m"
     requests: int = 16
-    document_lines: int = 80  # of the synthetic corpus: ~1,000 tokens shared by every prompt
+    document_lines: int = 80  # of the tokenizer's corpus: ~1,000 tokens shared by every prompt
     fields: int = 6  # keys per schema, drawn from FIELDS in a per-request order
     max_tokens: int = 160
     page_size: int = 16
@@ -65,33 +48,24 @@ class StructuredBenchConfig:
 def workload(cfg: StructuredBenchConfig) -> tuple[list[str], list[dict]]:
     """Prompts (the document, then which record to extract) and one schema per request."""
     rng = random.Random(cfg.seed)
-    document = "\n".join(_corpus(seed=cfg.seed + 5, lines=cfg.document_lines))
-    prompts, schemas = [], []
-    for i in range(cfg.requests):
-        keys = rng.sample(sorted(FIELDS), cfg.fields)
-        schema = {
-            "type": "object",
-            "properties": {k: FIELDS[k] for k in keys},
-            "required": keys,
-            "additionalProperties": False,
-        }
-        prompts.append(f"{document}\n\nExtract record {i} of the text above as JSON:\n")
-        schemas.append(schema)
-    return prompts, schemas
-
-
-def params_for(
-    cfg: StructuredBenchConfig, label: str, schemas: list[dict], lengths: list[int]
-) -> list[SamplingParams]:
-    if label == "free":
-        return [SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
-    jump = label == "jump-forward"
-    return [
-        SamplingParams(
-            max_new_tokens=cfg.max_tokens, temperature=0, json_schema=s, jump_forward=jump
-        )
-        for s in schemas
+    document = "\n".join(corpus(seed=cfg.seed + 5, lines=cfg.document_lines))
+    prompts = [
+        f"{document}\n\nExtract record {i} of the text above as JSON:\n"
+        for i in range(cfg.requests)
     ]
+    schemas = []
+    for _ in range(cfg.requests):
+        keys = rng.sample(sorted(FIELDS), cfg.fields)
+        properties = {k: FIELDS[k] for k in keys}
+        schemas.append(
+            {
+                "type": "object",
+                "properties": properties,
+                "required": keys,
+                "additionalProperties": False,
+            }
+        )
+    return prompts, schemas
 
 
 def valid(text: str, schema: dict) -> bool:
@@ -104,60 +78,59 @@ def valid(text: str, schema: dict) -> bool:
     return True
 
 
-def run_once(engine: Engine, prompts: list[str], schemas: list[dict], params) -> dict:
+def run_once(engine: Engine, cfg, label: str, lengths: list[int] = ()) -> dict:
+    """One pass of every request, from an empty cache (``free``: held to ``lengths``)."""
+    prompts, schemas = workload(cfg)
+    if label == "free":
+        params = [SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
+    else:
+        jump = label == "jump-forward"
+        params = [
+            SamplingParams(
+                max_new_tokens=cfg.max_tokens, temperature=0, json_schema=s, jump_forward=jump
+            )
+            for s in schemas
+        ]
     engine.flush_cache()
     before = engine.cache_stats()
     start = time.perf_counter()
     outs = engine.generate(prompts, params)
     seconds = time.perf_counter() - start
     after = engine.cache_stats()
-    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     steps = after["scheduler_steps"] - before["scheduler_steps"]
-    mask_s = after["grammar_wait_s"] - before["grammar_wait_s"]
+    tokens = [o["meta_info"]["completion_tokens"] for o in outs]
     return {
+        "config": label,
         "seconds": seconds,
-        "output_tokens": tokens,
-        "tokens_s": tokens / seconds,
-        "ms_per_token": 1000 * seconds / tokens,
+        "lengths": tokens,
+        "output_tokens": sum(tokens),
+        "ms_per_token": 1000 * seconds / sum(tokens),
         "steps": steps,
-        "mask_ms_per_step": 1000 * mask_s / steps,
+        "mask_ms_per_step": 1000 * (after["grammar_wait_s"] - before["grammar_wait_s"]) / steps,
         "jumped_tokens": after["jump_forward_tokens"] - before["jump_forward_tokens"],
         "valid": sum(valid(o["text"], s) for o, s in zip(outs, schemas, strict=True)) / len(outs),
-        "lengths": [o["meta_info"]["completion_tokens"] for o in outs],
     }
 
 
-def run_structured_bench(cfg: StructuredBenchConfig, step: Callable[[str], None]) -> list[dict]:
-    prompts, schemas = workload(cfg)
-    options = dict(page_size=cfg.page_size, seed=cfg.seed)
-    with Engine(cfg.model, **options) as engine:
-        # warm-up: compiles every schema and fixes the lengths the free run is held to
-        lengths = run_once(engine, prompts, schemas, params_for(cfg, "constrained", schemas, []))
-        lengths = lengths["lengths"]
+def run_structured_bench(cfg: StructuredBenchConfig, step: Step) -> list[dict]:
+    with Engine(cfg.model, page_size=cfg.page_size, seed=cfg.seed) as engine:
+        # warm-up: compiles every schema and fixes the lengths the free runs are held to
+        lengths = run_once(engine, cfg, "constrained")["lengths"]
         step("warm-up")
-        rounds: dict[str, list[dict]] = {label: [] for label in CONFIGS}
-        for label in alternating(CONFIGS, cfg.rounds):
-            params = params_for(cfg, label, schemas, lengths)
-            rounds[label].append(run_once(engine, prompts, schemas, params))
-            step(label)
-    rows = []
-    seconds = {label: [r["seconds"] for r in runs] for label, runs in rounds.items()}
-    for label, runs in rounds.items():
-        row = {"config": label, **median_round(runs)}
-        del row["lengths"]
-        vs_free = paired(seconds[label], seconds["free"])
-        vs_constrained = paired(seconds["constrained"], seconds[label])
-        row |= {
-            "vs_free": vs_free["median"],
-            "vs_free_min": vs_free["min"],
-            "vs_free_max": vs_free["max"],
-            "speedup": vs_constrained["median"],
-            "speedup_min": vs_constrained["min"],
-            "speedup_max": vs_constrained["max"],
-            "steps_vs_constrained": row["steps"] / median_round(rounds["constrained"])["steps"],
-        }
-        rows.append(row)
-    return rows
+        runs = report.run_rounds(
+            CONFIGS, cfg.rounds, lambda c: run_once(engine, cfg, c, lengths), step
+        )
+    for r in (r for rounds in runs.values() for r in rounds):
+        del r["lengths"]
+    seconds = {label: [r["seconds"] for r in rounds] for label, rounds in runs.items()}
+    constrained_steps = report.median_round(runs["constrained"])["steps"]
+    return [
+        report.median_round(runs[label])
+        | report.paired("vs_free", seconds[label], seconds["free"])
+        | report.paired("speedup", seconds["constrained"], seconds[label])
+        | {"steps_vs_constrained": report.median_round(runs[label])["steps"] / constrained_steps}
+        for label in CONFIGS
+    ]
 
 
 TABLES = (
@@ -174,7 +147,6 @@ TABLES = (
             Column("valid", "valid", pct),
             Column("mask_ms_per_step", "mask ms/step", num(2), wide=True),
             Column("jumped_tokens", "jumped", wide=True),
-            Column("output_tokens", "tokens", wide=True),
         ),
     ),
 )
@@ -182,22 +154,20 @@ QUICK = {"requests": 3, "document_lines": 8, "fields": 3, "max_tokens": 48, "rou
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="bench-135m", help="any model argument (docs/models.md)")
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="a small batch, for smoke tests")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", help="write a PNG chart here")
+    report.add_common(p, plot=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = StructuredBenchConfig(
-        model=args.model, requests=args.requests, rounds=args.rounds, seed=args.seed
-    )
-    if args.quick:
-        cfg = replace(cfg, **QUICK)
+    fields = dict(model=args.model, requests=args.requests, rounds=args.rounds, seed=args.seed)
+    cfg = report.configure(StructuredBenchConfig, args, QUICK, **fields)
     total = 1 + len(CONFIGS) * cfg.rounds
-    rows = with_progress("bench structured", total, lambda step: run_structured_bench(cfg, step))
-    return finish(
-        args, cfg, {"rows": rows}, TABLES, lambda path: plots.plot_structured_bench(rows, path)
+    rows = report.with_progress(
+        "bench structured", total, lambda step: run_structured_bench(cfg, step)
     )
+
+    def chart(path: str) -> None:
+        report.plot(path, rows, "config", ["steps", "seconds"], "config", bars=True)
+
+    return report.finish(args, cfg, {"rows": rows}, TABLES, chart)

@@ -1,22 +1,64 @@
-"""transformers' batched ``generate`` on a workload: the baseline with no reuse across
-requests, for ``bench serving``."""
+"""transformers running the same weights as ours: the twin ``bench model`` times forward by
+forward, and the batched ``generate`` ``bench serving`` runs a workload on (no reuse across
+requests: each batch computes every prompt token)."""
 
 from __future__ import annotations
 
+import inspect
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from radixserve.bench.workloads import Workload
+from radixserve.model.loader import LoadedModel
+
+
+def transformers_twin(loaded: LoadedModel):
+    """transformers' model for the same config, holding the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = next(loaded.model.parameters()).dtype
+    hf = AutoModelForCausalLM.from_config(loaded.hf_config, dtype=dtype)
+    missing, unexpected = hf.load_state_dict(loaded.model.state_dict(), strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise RuntimeError(f"weights do not line up: {missing[:3]} {unexpected[:3]}")
+    hf.tie_weights()
+    return hf.eval()
+
+
+@torch.inference_mode()
+def prefill(hf, ids: np.ndarray) -> torch.Tensor:
+    """The last token's logits of one prompt from scratch."""
+    return hf(torch.from_numpy(ids)[None], logits_to_keep=1, use_cache=False).logits[0, -1]
+
+
+def decoder(hf, batch: int, context: int) -> Callable[[], None]:
+    """One decode step for ``batch`` requests of ``context`` cached tokens: a
+    ``DynamicCache`` pre-filled with random K/V (the work does not depend on them)."""
+    from transformers import DynamicCache
+
+    cfg = hf.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    shape = (batch, cfg.num_key_value_heads, context, head_dim)
+    kv = [(torch.randn(shape, dtype=hf.dtype), torch.randn(shape, dtype=hf.dtype))]
+    cache = DynamicCache(kv * cfg.num_hidden_layers)
+    # transformers 5 renamed `past_key_values` to `cache`.
+    key = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+    token = torch.ones(batch, 1, dtype=torch.long)
+
+    @torch.inference_mode()
+    def step() -> None:
+        hf(token, use_cache=True, logits_to_keep=1, **{key: cache})
+
+    return step
 
 
 @torch.inference_mode()
 def run_transformers(hf, workload: Workload, batch: int) -> dict:
-    """transformers' ``generate``, greedy, batches of similar length, left-padded; no reuse
-    across requests (each batch computes every prompt token)."""
+    """transformers' ``generate``, greedy, batches of similar length, left-padded."""
     start = time.perf_counter()
-    done = 0
     for wave in workload.waves:
         ordered = sorted(wave, key=lambda r: len(r.prompt))
         for i in range(0, len(ordered), batch):
@@ -36,17 +78,15 @@ def run_transformers(hf, workload: Workload, batch: int) -> dict:
                 do_sample=False,
                 pad_token_id=0,
             )
-            done += len(group)
     seconds = time.perf_counter() - start
-    prompt = workload.prompt_tokens
-    outputs = sum(r.max_tokens for r in workload.requests)
+    n, prompt = len(workload.requests), workload.prompt_tokens
     return {
         "workload": workload.name,
         "config": "transformers",
-        "requests": done,
+        "requests": n,
         "seconds": seconds,
-        "req_s": done / seconds,
-        "tok_s": (prompt + outputs) / seconds,
+        "req_s": n / seconds,
+        "tok_s": (prompt + sum(r.max_tokens for r in workload.requests)) / seconds,
         "hit_rate": 0.0,
         "prefill_tokens": prompt,
     }

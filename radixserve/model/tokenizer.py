@@ -37,7 +37,9 @@ cache prefix tree token model serve request batch memory page slot attention que
 system user assistant question because reason first second answer explain why how what""".split()  # noqa: SIM905
 
 
-def _corpus(seed: int = 0, lines: int = 4000) -> list[str]:
+def corpus(seed: int = 0, lines: int = 4000) -> list[str]:
+    """Seeded English-like sentences of this tokenizer's words: its training text, and the
+    text benchmarks and tests build prompts from (the same seed, the same lines)."""
     rng = random.Random(seed)
     out = []
     for _ in range(lines):
@@ -61,7 +63,7 @@ def build_tokenizer(vocab_size: int = 2048):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus(), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,

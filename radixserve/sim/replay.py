@@ -36,7 +36,8 @@ def served_tokens(req: TraceRequest, pages: int, page_size: int) -> int:
 
 
 def optimal(requests: Sequence[TraceRequest], page_size: int) -> dict:
-    """Hits with room for everything: each prompt's longest prefix seen before."""
+    """Hits with room for everything: each prompt's longest prefix seen before (in a prompt,
+    or in the pages a recorded output cached)."""
     seen: set[int] = set()
     hit_tokens = hit_requests = prompt = 0
     for req in requests:
@@ -45,6 +46,7 @@ def optimal(requests: Sequence[TraceRequest], page_size: int) -> dict:
         while hit < len(pages) and pages[hit] in seen:
             hit += 1
         seen.update(pages)
+        seen.update(() if req.output_pages is None else req.output_pages.tolist())
         served = served_tokens(req, hit, page_size)
         hit_tokens += served
         hit_requests += served > 0
@@ -142,6 +144,7 @@ def replay(
         "page_size": page_size,
         **_summary(hit_tokens, hit_requests, prompt, len(requests)),
         "evictions": cache.stats().evicted_tokens * page_size,
+        "cached_tokens": cache.total_size * page_size,
         "over_capacity": over,
     }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from radixserve.bench.report import Column, TableSpec, pct, print_tables, write_json
+from radixserve.bench.report import Column, TableSpec, finish, pct, plot
 from radixserve.sim.replay import (
     INDEXES,
     POLICIES,
@@ -120,46 +120,16 @@ TABLES = (
 )
 
 
-def plot(result: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    lines: dict[str, list[dict]] = {}
-    for r in result["rows"]:
-        lines.setdefault(r["label"], []).append(r)
-    for name, rows in lines.items():
-        ax.plot(
-            [r["capacity_tokens"] for r in rows],
-            [r["token_hit_rate"] for r in rows],
-            marker="o",
-            label=name,
-        )
-    ax.axhline(result["optimal"]["token_hit_rate"], color="k", ls="--", label="optimal")
-    ax.set_xscale("log")
-    ax.set_xlabel("KV capacity (tokens)")
-    ax.set_ylabel("token hit rate")
-    ax.set_title("radixserve simulate: hit rate against KV capacity")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def run(args: argparse.Namespace) -> int:
     result = simulate(args)
     best = result["optimal"]["token_hit_rate"]
     print(f"{result['requests']:,} requests; the optimal token hit rate is {best:.1%}")
-    print_tables(result, TABLES, args.wide)
-    if args.json:
-        write_json(args.json, result)
-    if args.plot:
-        try:
-            plot(result, args.plot)
-        except ImportError:
-            print("plotting needs matplotlib: pip install 'radixserve[bench]'")
-            return 1
-    return 0
+    return finish(
+        args,
+        None,
+        result,
+        TABLES,
+        lambda path: plot(
+            path, result["rows"], "capacity_tokens", ["token_hit_rate"], "label", logx=True
+        ),
+    )

@@ -18,7 +18,7 @@ mixes the two forms would give one chain two ids, so a file holds one form.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,12 +99,32 @@ def to_request(
         if "output_hash_ids" in row:
             output_pages = every[length // page_size :]
     else:
-        tokens = row["input_ids"]
-        length = len(tokens)
-        chain, parent = [], -1
-        for start in range(0, length - length % page_size, page_size):
-            parent = ids(parent, namespace, tuple(tokens[start : start + page_size]))
-            chain.append(parent)
-        pages = np.asarray(chain, dtype=np.int64)
+        length = len(row["input_ids"])
+        pages = page_chain(row["input_ids"], ids, page_size, namespace)
     output = int(row.get("output_length", 0))
     return TraceRequest(float(row.get("timestamp", 0)), pages, length, output, output_pages)
+
+
+def page_chain(
+    tokens: Sequence[int], ids: ChainIds, page_size: int, namespace: object = None
+) -> np.ndarray:
+    """The ids of ``tokens``' whole pages, each naming its page and everything before it."""
+    chain, parent = [], -1
+    for start in range(0, len(tokens) - len(tokens) % page_size, page_size):
+        parent = ids(parent, namespace, tuple(tokens[start : start + page_size]))
+        chain.append(parent)
+    return np.asarray(chain, dtype=np.int64)
+
+
+def from_calls(
+    calls: Iterable[tuple[Sequence[int], Sequence[int]]], page_size: int
+) -> list[TraceRequest]:
+    """``(prompt, output)`` calls in order as a trace that names each output's pages too,
+    as a recorded one does: what a call leaves cached is its prompt and all but the last
+    output token (whose K/V no pass computes)."""
+    ids, out = ChainIds(), []
+    for t, (prompt, output) in enumerate(calls):
+        pages = page_chain([*prompt, *output[:-1]], ids, page_size)
+        head = len(prompt) // page_size
+        out.append(TraceRequest(t, pages[:head], len(prompt), len(output), pages[head:]))
+    return out

@@ -8,9 +8,13 @@ import time
 import httpx
 import pytest
 
-from radixserve.bench.serve_bench import ServeBenchConfig, run_serve_bench, server_flags
-from radixserve.bench.serve_load import ChatLoad
-from radixserve.bench.server_process import ServerProcess
+from radixserve.bench.serve_bench import (
+    ChatLoad,
+    ServeBenchConfig,
+    ServerProcess,
+    run_serve_bench,
+    server_flags,
+)
 
 
 def _stream_completion(url: str, max_tokens: int, events: list, first: threading.Event) -> None:
