@@ -9,7 +9,7 @@ from radixserve.bench.simulate import chat_through_tree, serve_without_model
 from radixserve.bench.workloads import MultiTurnChat
 from radixserve.cache import RadixCache
 from radixserve.cli import main
-from radixserve.csrc import native_available
+from radixserve.cpu.native import native_available
 from radixserve.memory import KVSlotAllocator
 
 SMALL = MultiTurnChat(

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.csrc import load_native, native_available
-from radixserve.model import fused
+from radixserve.cpu.native import load_native, native_available
+from radixserve.cpu import elementwise as fused
 
 from .builds import TARGETS
 
