@@ -66,6 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         device=args.device,
         seed=args.seed,
+        cpu_profile=args.cpu_profile,
     )
     if args.replicas is not None:
         from radixserve.cluster.launch import serve_cluster
@@ -142,6 +143,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--cpu-profile",
+        default=None,
+        metavar="FILE",
+        help="pin the CPU fast paths to a profile saved by `radixserve cpu-profile --save`",
+    )
+    p.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -173,6 +180,16 @@ def _pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cpu_profile(args: argparse.Namespace) -> int:
+    from radixserve.cpu import probe_cpu_profile
+
+    profile = probe_cpu_profile()
+    if args.save:
+        profile.save(args.save)
+    print(json.dumps(profile.to_dict(), indent=2))
+    return 0
+
+
 def _add_module(sub, name: str, module: str, help: str, chosen: bool, bench: bool) -> None:
     p = sub.add_parser(name, help=help)
     if not chosen:  # only the command being run imports its module
@@ -199,6 +216,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     pull.add_argument("name", nargs="?", help="e.g. smollm2-135m-instruct")
     pull.add_argument("--list", action="store_true", help="the names known")
     pull.set_defaults(func=_pull)
+    cpu = sub.add_parser("cpu-profile", help="the CPU fast paths this machine takes")
+    cpu.add_argument("--save", metavar="FILE", help="also write it here, for --cpu-profile")
+    cpu.set_defaults(func=_cpu_profile)
     export = sub.add_parser("export-preset", help="write a built-in model as a HF directory")
     export.add_argument("name", help="tiny or bench-135m")
     export.add_argument("directory")

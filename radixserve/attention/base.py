@@ -11,7 +11,6 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from radixserve.attention.attention_plan import AttentionPlan
 from radixserve.attention.forward_batch import ForwardBatch
 from radixserve.cache.shared_paths import PrefixGroupRule
 from radixserve.memory.kv_pool import KVPool
@@ -34,12 +33,6 @@ class AttentionBackend(ABC):
     def prefix_group_rule(self, min_shared: int) -> PrefixGroupRule | None:
         """The groups this backend reads a shared prefix once for, when asked to group at
         ``min_shared`` tokens; ``None``: it reads every request's context on its own."""
-        return None
-
-    def decode_plan(self, batch: ForwardBatch) -> AttentionPlan | None:
-        """The one native paged plan that attends every token of the prepared ``batch``
-        after its K/V are stored (a decode step's layers run in one native call,
-        ``model/decode_layers.py``), or None where this backend attends it otherwise."""
         return None
 
     @abstractmethod

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixserve.attention.attention_plan import PrefixGroup
+from radixserve.cache.shared_paths import PrefixGroup
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from radixserve.bench import report
 from radixserve.bench.report import Column, TableSpec, num, pct
 from radixserve.bench.workloads import MultiTurnChat
 from radixserve.cache import RadixCache
+from radixserve.cpu.native import load_native
 from radixserve.memory import KVSlotAllocator
 from radixserve.sim.replay import optimal, replay
 from radixserve.sim.trace import from_calls
@@ -92,7 +93,8 @@ def build_tree(shape: TreeShape, page_size: int, rng: np.random.Generator, nativ
     token sequence of each conversation's first turn."""
     pages = -(-shape.tree_tokens // page_size) + shape.num_prompts * (2 * shape.convs + 1)
     pages += 4000 * -(-shape.turn_len // page_size)  # room for the insert benchmark
-    cache = RadixCache(page_size, KVSlotAllocator(pages * page_size, page_size), native)
+    matcher = load_native() if native else None
+    cache = RadixCache(page_size, KVSlotAllocator(pages * page_size, page_size), matcher=matcher)
     first_turns = []
     for _ in range(shape.num_prompts):
         prompt = tokens(rng, shape.prompt_len)
@@ -147,7 +149,8 @@ def bench_eviction(page_size: int, cfg: CacheBenchConfig) -> dict:
     rng = np.random.default_rng(cfg.seed)
     leaf_len, prompts, prompt_len = max(page_size, 16), 100, 512
     tree_tokens = prompts * (prompt_len + cfg.evict_leaves // prompts * leaf_len)
-    cache = RadixCache(page_size, KVSlotAllocator(tree_tokens + 64 * page_size, page_size))
+    allocator = KVSlotAllocator(tree_tokens + 64 * page_size, page_size)
+    cache = RadixCache(page_size, allocator, matcher=load_native())
     for _ in range(prompts):
         prompt = tokens(rng, prompt_len)
         for _ in range(cfg.evict_leaves // prompts):

@@ -30,9 +30,10 @@ from radixserve.attention import (
 from radixserve.bench import report
 from radixserve.bench.cache_bench import TreeShape, build_tree, unseen_tokens
 from radixserve.bench.report import Column, Step, TableSpec, num, times
-from radixserve.csrc import load_native
+from radixserve.cpu import probe_cpu_profile
+from radixserve.cpu.linear import cpu_linear, pack
+from radixserve.cpu.native import load_native
 from radixserve.memory.kv_pool import KVPool
-from radixserve.model.linear import pack, packed_linear
 from radixserve.model.presets import preset_hf_config
 
 
@@ -136,7 +137,7 @@ class _Shape:
         args = (pool, self.heads, self.kv_heads, self.head_dim, self.head_dim**-0.5)
         calls = {
             "torch": self._forward(TorchAttentionBackend(*args), reqs),
-            "native": self._forward(NativeAttentionBackend(*args), reqs),
+            "native": self._forward(NativeAttentionBackend(*args, probe_cpu_profile()), reqs),
         }
         case = case or f"{batch} x ({prefix} cached + {new} new)"
         return self._row(kernel, case, calls, batch * seq)
@@ -148,7 +149,7 @@ class _Shape:
         own = [slots[prefix + i * suffix : prefix + (i + 1) * suffix] for i in range(batch)]
         reqs = [ExtendRequest([0], np.concatenate([slots[:prefix], s])) for s in own]
         native = NativeAttentionBackend(
-            pool, self.heads, self.kv_heads, self.head_dim, self.head_dim**-0.5
+            pool, self.heads, self.kv_heads, self.head_dim, self.head_dim**-0.5, probe_cpu_profile()
         )
         group = [PrefixGroup(prefix, tuple(range(batch)))]
         calls = {
@@ -181,7 +182,7 @@ class _Shape:
 
 def linear_row(hf, dtype: torch.dtype, n: int, probe: BandwidthProbe, cfg) -> dict:
     """A decode step's projections at ``n`` rows (each layer's q/k/v and gate/up as one
-    product, as the engine runs them): the engine's path (``packed_linear``: the native
+    product, as the engine runs them): the engine's path (``cpu_linear``: the native
     kernels or oneDNN where they pay) against ``F.linear``."""
     h, inter = hf.hidden_size, hf.intermediate_size
     head_dim = getattr(hf, "head_dim", None) or h // hf.num_attention_heads
@@ -190,12 +191,13 @@ def linear_row(hf, dtype: torch.dtype, n: int, probe: BandwidthProbe, cfg) -> di
     layers = cfg.linear_layers or hf.num_hidden_layers
     g = torch.Generator().manual_seed(cfg.seed)
     weights = [torch.randn(o, i, generator=g).to(dtype) for _ in range(layers) for o, i in shapes]
-    packed = [pack(w) for w in weights]
+    profile = probe_cpu_profile()
+    packed = [pack(w, profile) for w in weights]
     x = {i: torch.randn(n, i, generator=g).to(dtype) for i in {h, q, inter}}
     pairs = list(zip(weights, packed, strict=True))
     calls = {
         "torch": lambda: [F.linear(x[w.shape[1]], w) for w in weights],
-        "native": lambda: [packed_linear(x[w.shape[1]], w, p) for w, p in pairs],
+        "native": lambda: [cpu_linear(x[w.shape[1]], w, None, profile, p) for w, p in pairs],
         "read": probe.read,
     }
     t = report.time_alternating(calls, cfg.reps)

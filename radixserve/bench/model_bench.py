@@ -24,6 +24,7 @@ from radixserve.bench import report
 from radixserve.bench.kernel_bench import BandwidthProbe
 from radixserve.bench.report import Column, Step, TableSpec, num
 from radixserve.bench.transformers_peer import decoder, prefill, transformers_twin
+from radixserve.cpu import probe_cpu_profile
 from radixserve.memory import KVSlotAllocator
 from radixserve.memory.host_malloc import keep_freed_memory
 from radixserve.memory.kv_pool import KVPool
@@ -52,13 +53,20 @@ class _Ours:
         c, page = loaded.config, cfg.page_size
         need = max(max(cfg.prefill_lens), max(cfg.decode_batches) * (cfg.context + 64 + page))
         slots = -(-need // page) * page
-        loaded.model.pack_weights()  # as the engine does; transformers' twin copies the plain
+        profile = probe_cpu_profile()
+        loaded.model.use_cpu_profile(profile)  # as the engine does (the twin is made before)
         self.model, self.page_size = loaded.model, page
         self.allocator = KVSlotAllocator(slots, page)
         dtype = next(loaded.model.parameters()).dtype
         pool = KVPool(c.num_layers, slots, page, c.num_kv_heads, c.head_dim, dtype)
         self.backend = create_attention_backend(
-            cfg.attention_backend, pool, c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim**-0.5
+            cfg.attention_backend,
+            pool,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.head_dim**-0.5,
+            profile,
         )
 
     def forward(self, requests: list[ExtendRequest]) -> torch.Tensor:

@@ -208,8 +208,16 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[Column], wide: bool =
 
 
 def write_json(path: str | Path, payload: dict) -> None:
-    """The rows with the date and the machine they were measured on, for the report."""
-    stamped = {**payload, "measured": date.today().isoformat(), "machine": machine()}
+    """The rows with the date, the machine they were measured on and its CPU profile (the
+    fast paths the engine took there), for the report."""
+    from radixserve.cpu import probe_cpu_profile
+
+    stamped = {
+        **payload,
+        "measured": date.today().isoformat(),
+        "machine": machine(),
+        "cpu_profile": probe_cpu_profile().to_dict(),
+    }
     Path(path).write_text(json.dumps(stamped, indent=2) + "\n")
 
 

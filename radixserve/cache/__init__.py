@@ -15,14 +15,17 @@ from radixserve.cache.radix import RadixCache
 from radixserve.cache.tokens import encode_tokens
 
 
-def create_prefix_cache(index: str, page_size: int, allocator, eviction_policy: str = "lru"):
-    """``index``: ``radix`` (with ``eviction_policy``), ``block-hash`` (LRU), or ``off``."""
+def create_prefix_cache(
+    index: str, page_size: int, allocator, eviction_policy: str = "lru", matcher=None
+):
+    """``index``: ``radix`` (with ``eviction_policy`` and the native edge ``matcher``, if
+    any), ``block-hash`` (LRU), or ``off``."""
     if index == "off":
         return NoPrefixCache(page_size, allocator)
     if index == "block-hash":
         return BlockHashCache(page_size, allocator)
     if index == "radix":
-        return RadixCache(page_size, allocator, eviction_policy=eviction_policy)
+        return RadixCache(page_size, allocator, eviction_policy, matcher)
     raise ValueError(f"unknown prefix cache index {index!r}")
 
 

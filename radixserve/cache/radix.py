@@ -13,6 +13,7 @@ for one page threw away prefixes a block-hash cache, which frees block by block,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -36,8 +37,14 @@ from radixserve.cache.slot_checks import (
 )
 from radixserve.cache.tokens import TOKEN_BYTES, encode_tokens
 from radixserve.cache.tree_node import TreeNode
-from radixserve.csrc import load_native
 from radixserve.memory import KVSlotAllocator
+
+
+class EdgeMatcher(Protocol):
+    """How many of ``edge``'s leading bytes equal ``key``'s from byte ``pos``, in whole
+    pages of ``page_bytes`` (the native kernels' ``matching_prefix``)."""
+
+    def matching_prefix(self, key: bytes, pos: int, edge: bytes, page_bytes: int) -> int: ...
 
 
 class RadixCache(RadixEdges, BasePrefixCache):
@@ -46,14 +53,15 @@ class RadixCache(RadixEdges, BasePrefixCache):
 
     With an ``allocator`` the tree returns evicted slots to it; without one it runs in
     simulation mode, where slots are plain ints (for scheduling analysis and simulators).
+    ``matcher`` compares edges in native code (the engine passes the CPU kernels').
     """
 
     def __init__(
         self,
         page_size: int = 1,
         allocator: KVSlotAllocator | None = None,
-        native_matcher: bool = True,
         eviction_policy: str | BaseEvictionPolicy = "lru",
+        matcher: EdgeMatcher | None = None,
     ) -> None:
         check_page_size(page_size, allocator)
         if isinstance(eviction_policy, str):
@@ -65,9 +73,9 @@ class RadixCache(RadixEdges, BasePrefixCache):
         self.page_size = page_size
         self.allocator = allocator
         self._page_bytes = page_size * TOKEN_BYTES
-        # The native twin of _matching_bytes (tested against it), if built. A native _walk
+        # The native twin of _matching_bytes (tested against it), if given. A native _walk
         # did not pay: it is a few dict lookups and one memcmp per edge already.
-        self._native = load_native() if native_matcher else None
+        self._native = matcher
         self._clear()
 
     # ---- queries -------------------------------------------------------------------------

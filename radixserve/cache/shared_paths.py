@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from radixserve.cache.tree_node import TreeNode
 
 
@@ -31,6 +33,15 @@ class PrefixGroupRule:
 
     def takes_group(self, extend_lens: Sequence[int]) -> bool:
         return len(extend_lens) >= 2 and sum(extend_lens) >= self.min_group_tokens
+
+
+@dataclass(frozen=True)
+class PrefixGroup:
+    """Requests of a batch (by index) whose first ``shared_len`` context slots are the same
+    slots: the path they share in the radix tree."""
+
+    shared_len: int
+    members: tuple[int, ...]
 
 
 def group_shared_paths(
@@ -71,3 +82,25 @@ def group_shared_paths(
         return (own, [(depth[node], here)]) if own > 0 and own >= saved else (saved, groups)
 
     return [g for top in tops for g in best(top)[1]]
+
+
+def check_group(
+    group: PrefixGroup,
+    prefix: np.ndarray,
+    kv_start: np.ndarray,
+    kv_slots: np.ndarray | None,
+    shared: np.ndarray,
+) -> None:
+    m, n = list(group.members), group.shared_len
+    if len(m) < 2 or n < 1:
+        raise ValueError(f"a prefix group needs >= 2 members and a shared length: {group}")
+    if len(set(m)) != len(m) or shared[m].any():
+        raise ValueError(f"a request belongs to at most one prefix group: {group}")
+    if (prefix[m] < n).any():
+        raise ValueError(f"a shared prefix must be cached for every member: {group}")
+    if kv_slots is None:
+        raise ValueError("checking a prefix group needs the batch's kv_slots")
+    first = kv_slots[kv_start[m[0]] : kv_start[m[0]] + n]
+    for i in m[1:]:
+        if not np.array_equal(kv_slots[kv_start[i] : kv_start[i] + n], first):
+            raise ValueError(f"request {i} does not share the first {n} slots of {group}")

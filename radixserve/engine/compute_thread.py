@@ -3,8 +3,8 @@
 torch's CPU kernels run on an OpenMP team that belongs to the thread calling them, and the
 team stays alive as long as that thread does. With two live teams on a 2-core machine,
 libgomp manages more threads than there are CPUs and throttles its spin-waiting, so every
-parallel region wakes its workers through the kernel: a bench-135m engine ran issue 20's
-workload in 4.5 s instead of 3.1 s while a second, idle engine existed. Routing all model
+parallel region wakes its workers through the kernel, and a second, idle engine slowed a
+busy one down by a large fraction (``docs/performance.md``). Routing all model
 work through one thread keeps one team; engines in one process then take turns step by
 step, as they would for the CPU anyway.
 """

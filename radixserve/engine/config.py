@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -44,9 +45,13 @@ class EngineConfig:
     tune_malloc: bool = True
     # keep the projections' and output weights again in their faster paths' layouts: column
     # panels for a decode step's rows (float32; bfloat16 with AVX512_BF16), oneDNN's where
-    # its GEMM is the faster one for more (bfloat16 with bfloat16 instructions; float32
-    # where it clearly outruns torch's BLAS, as on AMD EPYC): up to twice their size again
+    # its GEMM is the faster one for more (the ``CpuProfile`` says where): up to twice their
+    # size again
     pack_weights: bool = True
+    # the CPU fast paths to take (``radixserve.cpu.CpuProfile``, or the path of one saved
+    # as JSON): pinned, the same kernels run on any machine that can run them; None: the
+    # profile this machine's features give (the same in every process on it)
+    cpu_profile: Any = None
     # a disk tier under the KV pool: pages leaving the pool are kept in this folder (bounded
     # by disk_cache_size_gb) and read back when a prompt's prefix runs past the pool's; a
     # new engine on the folder hits what an earlier one wrote. write_policy "write_back"

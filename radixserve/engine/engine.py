@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 
 from radixserve.cache import create_prefix_cache
+from radixserve.cpu import CpuProfile
+from radixserve.cpu.native import load_native
 from radixserve.engine import compute_thread
 from radixserve.engine.chat_format import ChatFormat, render_chat
 from radixserve.engine.config import EngineConfig
@@ -49,9 +51,8 @@ class Engine:
         if self.config.tune_malloc:  # before the threads below allocate (host_malloc.py)
             keep_freed_memory()
         # The model is built on the thread that runs every step (``compute_thread``):
-        # torch's OpenMP pools belong to the thread that calls them, and a bench-135m
-        # prefill of 367 tokens ran 1.04-2.05x slower (median 1.08x, 12 paired runs) with
-        # the model built on the caller's thread.
+        # torch's OpenMP pools belong to the thread that calls them, and prefills ran
+        # slower with the model built on the caller's thread.
         built: Future = Future()
         self._ready = threading.Event()
         self._inbox = Inbox()
@@ -81,7 +82,7 @@ class Engine:
         self.allocator = KVSlotAllocator(self.runner.num_slots, config.page_size)
         index = config.cache_index if config.enable_prefix_cache else "off"
         self.cache = create_prefix_cache(
-            index, config.page_size, self.allocator, config.eviction_policy
+            index, config.page_size, self.allocator, config.eviction_policy, load_native()
         )
         self.metrics = EngineMetrics()
         self.stop_checker = StopChecker(self.tokenizer, loaded.eos_token_ids, self.context_len)
@@ -188,6 +189,11 @@ class Engine:
             return True
 
         return self._inbox.call(flush)
+
+    @property
+    def cpu_profile(self) -> CpuProfile | None:
+        """The CPU paths this engine's model runs on (None on a GPU)."""
+        return self.runner.cpu_profile
 
     def cache_stats(self) -> dict:
         """Prefix-cache and serving metrics, read on the scheduler thread."""

@@ -17,6 +17,8 @@ from radixserve.attention import (
     PrefixGroup,
     create_attention_backend,
 )
+from radixserve.cpu import CpuProfile, load_profile, probe_cpu_profile
+from radixserve.cpu.profile import check_runs_here
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.req import Req
 from radixserve.engine.schedule_batch import ScheduleBatch
@@ -31,8 +33,9 @@ class ModelRunner:
         self.loaded = load_model(
             config.model, dtype=getattr(torch, config.dtype), device=self.device
         )
-        if config.pack_weights and self.device.type == "cpu":
-            self.loaded.model.pack_weights()
+        self.cpu_profile = _cpu_profile(config.cpu_profile) if self.device.type == "cpu" else None
+        if self.cpu_profile is not None:
+            self.loaded.model.use_cpu_profile(self.cpu_profile, config.pack_weights)
         cfg = self.loaded.config
         self.num_slots = self._pool_slots()
         self.pool = KVPool(
@@ -51,6 +54,7 @@ class ModelRunner:
             cfg.num_kv_heads,
             cfg.head_dim,
             cfg.head_dim**-0.5,
+            self.cpu_profile,
         )
 
     def _pool_slots(self) -> int:
@@ -87,6 +91,16 @@ class ModelRunner:
         # a decode step samples every row: its logits need no copy
         last = logits.last if len(rows) == len(batch.work) else logits.last[rows]
         return ForwardOutput(last, [batch.work[i].req for i in rows], logits.all)
+
+
+def _cpu_profile(pinned: CpuProfile | str | os.PathLike | None) -> CpuProfile:
+    """The configured profile (checked to run here), or this machine's."""
+    if pinned is None:
+        return probe_cpu_profile()
+    if isinstance(pinned, CpuProfile):
+        check_runs_here(pinned)
+        return pinned
+    return load_profile(pinned)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.csrc import load_native
+from radixserve.cpu.native import load_native
 from radixserve.engine.req import Req
 
 # tokens sorted first for top-k/top-p: enough for a nucleus of a trained model's logits
@@ -31,7 +31,7 @@ class Sampler:
         greedy = torch.tensor([p.greedy for p in params])
         temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params])
         probs = torch.softmax(logits / temps[:, None], dim=-1)
-        # only rows that truncate pay for sorting (a [32, 49152] sort took ~90 ms here)
+        # only rows that truncate pay for sorting (a full-vocabulary sort is costly)
         cut = [i for i, p in enumerate(params) if not p.greedy and p.truncates]
         if cut:
             rows = torch.tensor(cut)
@@ -85,7 +85,7 @@ class Sampler:
     def _truncate(probs: torch.Tensor, params) -> torch.Tensor:
         """Apply top-k, top-p and min-p (each a no-op at its default) to softmaxed rows and
         renormalise. Only the largest ``CANDIDATES`` are sorted where every row keeps fewer
-        (its top-k, or a nucleus they cover): a full sort of 32 rows of 49,152 took ~60 ms."""
+        (its top-k, or a nucleus they cover): a full sort of a batch's rows is costly."""
         vocab = probs.shape[1]
         top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
         top_p = torch.tensor([p.top_p for p in params])
@@ -106,7 +106,7 @@ class Sampler:
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax (the first of ties), as ``torch.argmax(logits, -1)``: natively where
-    the kernels built (~0.2 ms for 32 x 49,152 logits against torch's ~0.5-1.4 ms)."""
+    the kernels built (faster than torch's on a decode batch's rows)."""
     native = load_native()
     if native is None or logits.shape[-1] == 0:
         return logits.argmax(-1)
@@ -115,8 +115,8 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row of ``probs`` (``[rows, vocab]``, unnormalised), by inverting each
-    row's cumulative sum at a uniform draw: ~1 ms for 32 x 49,152 where
-    ``torch.multinomial`` took ~28. A token of probability zero is never drawn."""
+    row's cumulative sum at a uniform draw, far cheaper than ``torch.multinomial`` over a
+    large vocabulary. A token of probability zero is never drawn."""
     cdf = probs.cumsum(-1)
     u = torch.rand(len(probs), 1, generator=generator) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=probs.shape[1] - 1)

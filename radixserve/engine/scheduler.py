@@ -219,7 +219,7 @@ class Scheduler:
         # Prompts being prefilled (admitted this step, or chunks still to go), to spot a later
         # one that would share their uncached prefix: it waits and then hits the cache
         # instead of recomputing it.
-        admitted = RadixCache(self.page, native_matcher=False)  # a few short paths
+        admitted = RadixCache(self.page)  # a few short paths
         for req in self.running:
             if req.computed_len < req.seq_len - 1:
                 admitted.insert(req.seq(), np.zeros(req.seq_len, dtype=np.int64), req.namespace)

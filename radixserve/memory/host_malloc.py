@@ -2,8 +2,8 @@
 
 A prefill step allocates and frees megabytes per operation (a 2,048-token MLP activation is
 12 MB in float32). glibc serves such blocks with ``mmap`` and returns them with ``munmap``,
-so every operation starts on fresh pages that the kernel must fault in and zero: on
-bench-135m a 1,984-token prefill step spent ~1 s of its 3.6 s doing that. Raising the mmap
+so every operation starts on fresh pages that the kernel must fault in and zero, a large
+share of a long prefill step's time. Raising the mmap
 and trim thresholds keeps those blocks in the heap for the next operation (vLLM's CPU image
 gets the same effect by preloading tcmalloc).
 

@@ -13,17 +13,11 @@ import torch
 from torch import nn
 
 from radixserve.attention import AttentionBackend, ForwardBatch
+from radixserve.cpu import CpuProfile
+from radixserve.cpu.decode_layers import DecodeLayers
+from radixserve.cpu.elementwise import rms_norm, rope_, silu_mul
+from radixserve.cpu.linear import FusedLinear, Linear, PackedWeight, cpu_linear, pack, use_profile
 from radixserve.model.config import ModelConfig
-from radixserve.model.decode_layers import DecodeLayers
-from radixserve.model.fused import rms_norm, rope_, silu_mul
-from radixserve.model.linear import (
-    FusedLinear,
-    Linear,
-    PackedWeight,
-    pack,
-    pack_weights,
-    packed_linear,
-)
 from radixserve.model.rope import RotaryEmbedding
 
 
@@ -157,32 +151,38 @@ class LlamaForCausalLM(nn.Module):
         with torch.device("cpu"):  # real frequencies even when the model is built on "meta"
             self.rotary = RotaryEmbedding(hf_config, cfg.head_dim)
 
+    # the CPU paths of the projections (``use_cpu_profile``); None: torch's own
+    cpu_profile: CpuProfile | None = None
     # the output weight again in its fast paths' layouts (``pack``); a tied one is no ``Linear``
     output_packed: PackedWeight | None = None
     # a decode step's layers in one native call, once the weights are packed for it
     decode_layers: DecodeLayers | None = None
 
-    def pack_weights(self) -> int:
-        """Fuse each layer's q/k/v and gate/up projections, and pack every projection and
-        the output weight for their faster paths (``linear.pack_weights``), then give decode
-        steps their native loop where it runs (``DecodeLayers``); returns the bytes added."""
-        added = 0
-        for layer in self.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
-            mlp.gate_up = FusedLinear([mlp.gate_proj, mlp.up_proj])
-            added += sum(f.packed.nbytes for f in (attn.qkv, mlp.gate_up) if f.packed)
-        added += pack_weights(self)
-        if self.config.tie_word_embeddings and (packed := pack(self.output_weight)) is not None:
-            self.output_packed = packed
-            added += packed.nbytes
-        self.decode_layers = DecodeLayers.build(self)
+    def use_cpu_profile(self, profile: CpuProfile, pack_weights: bool = True) -> int:
+        """Run the projections on ``profile``'s paths. With ``pack_weights``, first fuse each
+        layer's q/k/v and gate/up projections, lay every weight out again for its faster
+        paths, and give decode steps their native loop where it runs (``DecodeLayers``);
+        returns the bytes that adds."""
+        self.cpu_profile, added = profile, 0
+        if pack_weights:
+            for layer in self.model.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                attn.qkv = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj], profile)
+                mlp.gate_up = FusedLinear([mlp.gate_proj, mlp.up_proj], profile)
+                added += sum(f.packed.nbytes for f in (attn.qkv, mlp.gate_up) if f.packed)
+        added += use_profile(self, profile, pack_weights)
+        if pack_weights and self.config.tie_word_embeddings:
+            self.output_packed = pack(self.output_weight, profile)
+            added += self.output_packed.nbytes if self.output_packed else 0
+        if pack_weights:
+            self.decode_layers = DecodeLayers.build(self, profile)
         return added
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits of the final-normed states ``x``."""
         if self.config.tie_word_embeddings:
-            return packed_linear(x, self.output_weight, self.output_packed).float()
+            weight, packed = self.output_weight, self.output_packed
+            return cpu_linear(x, weight, None, self.cpu_profile, packed).float()
         return self.lm_head(x).float()
 
     @property

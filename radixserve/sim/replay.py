@@ -21,6 +21,7 @@ import numpy as np
 
 from radixserve.cache import BlockHashCache, RadixCache
 from radixserve.cache.eviction import BeladyEviction, create_eviction_policy
+from radixserve.cpu.native import load_native
 from radixserve.sim.trace import TraceRequest
 
 INDEXES = ("radix", "block-hash")
@@ -97,11 +98,10 @@ def replay(
         if future is None:
             raise ValueError("belady needs the trace's future uses")
         # a leaf's slots are its page ids (simulation mode): its tail page is the last one
-        cache = RadixCache(
-            1, eviction_policy=BeladyEviction(lambda node: future.after(int(node.slots[-1]), now))
-        )
+        belady = BeladyEviction(lambda node: future.after(int(node.slots[-1]), now))
+        cache = RadixCache(1, eviction_policy=belady, matcher=load_native())
     else:
-        cache = RadixCache(1, eviction_policy=create_eviction_policy(policy))
+        cache = RadixCache(1, eviction_policy=create_eviction_policy(policy), matcher=load_native())
     named = [p for r in requests for p in (r.pages, r.output_pages) if p is not None and len(p)]
     fresh = 1 + max((int(p.max()) for p in named), default=0)
     hit_tokens = hit_requests = prompt = over = 0

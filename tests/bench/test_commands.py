@@ -12,7 +12,7 @@ from radixserve.bench.cache_bench import (
 )
 from radixserve.bench.workloads import MultiTurnChat
 from radixserve.cli import main
-from radixserve.csrc import native_available
+from radixserve.cpu.native import native_available
 
 SMALL = MultiTurnChat(
     num_system_prompts=2, system_prompt_len=64, num_conversations=6, turns=3, seed=3

@@ -1,12 +1,11 @@
 """The engine workload the end-to-end tests share, and one run of it with audits."""
 
-import contextlib
-from unittest import mock
+from dataclasses import replace
 
 import numpy as np
 
 from radixserve import Engine, SamplingParams
-from radixserve.attention import dense_blocks
+from radixserve.cpu import probe_cpu_profile
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
 
@@ -23,12 +22,10 @@ def workload() -> list[list[int]]:
 
 
 def run(cascade_min_queries: int | None = None, **options) -> tuple[list[list[int]], dict]:
-    with contextlib.ExitStack() as stack:
-        if cascade_min_queries is not None:  # the tiny batch is below the default
-            stack.enter_context(
-                mock.patch.object(dense_blocks, "CASCADE_MIN_QUERIES", cascade_min_queries)
-            )
-        engine = stack.enter_context(Engine("tiny", check_invariants=True, **options))
+    if cascade_min_queries is not None:  # the tiny batch is below the default
+        profile = replace(probe_cpu_profile(), cascade_min_queries=cascade_min_queries)
+        options["cpu_profile"] = profile
+    with Engine("tiny", check_invariants=True, **options) as engine:
         outs = engine.generate(input_ids=workload(), sampling_params=GREEDY)
         stats = engine.cache_stats()
         engine.check_invariants()

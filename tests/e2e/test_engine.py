@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from radixserve import Engine, SamplingParams
-from radixserve.csrc import native_available
+from radixserve.cpu.native import native_available
 from radixserve.model import export_preset
 from tests.e2e.engine_runs import GREEDY, run, workload
 

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from radixserve.attention import ExtendRequest, ForwardBatch, create_attention_backend
+from radixserve.cpu import probe_cpu_profile
 from radixserve.memory import KVSlotAllocator
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model import LoadedModel
@@ -54,8 +55,17 @@ class PagedRunner:
         self.pool = KVPool(
             cfg.num_layers, num_slots, page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
         )
+        profile = probe_cpu_profile() if device == "cpu" else None
+        if profile is not None and self.model.cpu_profile is None:
+            self.model.use_cpu_profile(profile, pack_weights=False)  # as an engine would
         self.backend = create_attention_backend(
-            backend, self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5
+            backend,
+            self.pool,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.head_dim**-0.5,
+            profile,
         )
         self.device = device
 

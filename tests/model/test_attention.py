@@ -14,13 +14,13 @@ from radixserve.attention import (
     ForwardBatch,
     NativeAttentionBackend,
     TorchAttentionBackend,
-    dense_blocks,
     native_backend,
 )
-from radixserve.csrc import load_native, native_available
+from radixserve.cpu.native import load_native, native_available
 from radixserve.memory.kv_pool import KVPool
 
 from .builds import TARGETS
+from .profiles import here, make_backend, with_paths
 
 BACKENDS = [
     TorchAttentionBackend,
@@ -99,13 +99,15 @@ def test_decode_batches(lens, dtype, backend_cls):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_prompt_over_itself_in_a_dense_block(monkeypatch, native, dtype):
     """Whichever kernel this CPU sends long prompts to, both paths hold."""
-    monkeypatch.setattr(dense_blocks, "self_min_tokens", lambda dtype: 1024)
-    monkeypatch.setattr(dense_blocks, "native_blocks", lambda dtype: native)
+    kernel = "native" if native else "flash"
+    profile = with_paths(dtype, self_min_tokens=1024, dense_kernel=kernel)
     calls = []
     run_self = native_backend.run_self
-    monkeypatch.setattr(native_backend, "run_self", lambda *a: calls.append(1) or run_self(*a))
-    check_against_reference([(0, 1100), (3, 1)], 3, 3, 16, dtype, 1, NativeAttentionBackend, 2048)
-    assert calls  # the block ran
+    monkeypatch.setattr(native_backend, "run_self", lambda *a: calls.append(a[-1]) or run_self(*a))
+    check_against_reference(
+        [(0, 1100), (3, 1)], 3, 3, 16, dtype, 1, NativeAttentionBackend, 2048, profile=profile
+    )
+    assert calls == [native]  # the block ran, in the kernel the profile names
 
 
 def check_against_reference(
@@ -118,6 +120,7 @@ def check_against_reference(
     backend_cls=TorchAttentionBackend,
     pool_slots=256,
     march="native",
+    profile=None,
 ):
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -139,7 +142,7 @@ def check_against_reference(
     k = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype)
     scale = 1 / math.sqrt(head_dim)
-    backend = backend_cls(pool, heads, kv_heads, head_dim, scale)
+    backend = make_backend(backend_cls, pool, heads, kv_heads, head_dim, scale, profile=profile)
     if march != "native":
         backend.kernels = load_native(march)
         assert backend.kernels is not None, f"the native kernels did not build for {march}"
@@ -164,8 +167,10 @@ def test_batch_validation():
 def test_backend_names():
     from radixserve.attention import resolve_backend_name
 
-    assert resolve_backend_name("auto", "cpu") == ("native" if native_available() else "torch")
-    assert resolve_backend_name("auto", "cpu", torch.float16) == "torch"
+    native = "native" if native_available() else "torch"
+    assert resolve_backend_name("auto", "cpu", torch.float32, here()) == native
+    assert resolve_backend_name("auto", "cpu", torch.float16, here()) == "torch"
+    assert resolve_backend_name("auto", "cpu") == "torch"  # no CPU profile, no native paths
     assert resolve_backend_name("flashinfer", "cpu") == "flashinfer"
     with pytest.raises(ValueError, match="unknown attention backend"):
         resolve_backend_name("xformers", "cpu")

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.attention import dense_blocks
-from radixserve.csrc import load_native, native_available
+from radixserve.cpu import dense_blocks
+from radixserve.cpu.native import load_native, native_available
 
 from .builds import TARGETS
 
@@ -110,16 +110,17 @@ def flash(q, k, v, causal):
 @pytest.mark.parametrize("tokens, keys", [(1, 1), (37, 300), (700, 1024)])
 @pytest.mark.parametrize("kv_heads, group", [(1, 1), (3, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_shared_block_on_either_path(monkeypatch, native, tokens, keys, kv_heads, group, dtype):
+def test_a_shared_block_on_either_path(native, tokens, keys, kv_heads, group, dtype):
     """Whichever path this CPU takes, both hold; bfloat16 values are compared in float32 (both
     kernels round the weights to bfloat16 for their product with V)."""
-    monkeypatch.setattr(dense_blocks, "native_blocks", lambda dtype: native)
     rng = np.random.default_rng(tokens * keys)
     slots = torch.from_numpy(rng.permutation(4096)[:keys].astype(np.int64))
     k_pool, v_pool = (torch.randn(4096, kv_heads, 64).to(dtype).float() for _ in range(2))
     q = torch.randn(tokens + 5, kv_heads * group, 64).to(dtype).float()
     block = dense_blocks.SharedBlock(torch.arange(3, 3 + tokens), slots)
-    part = dense_blocks.run_shared(block, q.to(dtype), k_pool.to(dtype), v_pool.to(dtype), 0.125)
+    q, k_pool, v_pool = q.to(dtype), k_pool.to(dtype), v_pool.to(dtype)
+    part = dense_blocks.run_shared(block, q, k_pool, v_pool, 0.125, native)
+    q, k_pool, v_pool = q.float(), k_pool.float(), v_pool.float()
     out, lse = flash(q[block.tokens], k_pool[slots], v_pool[slots], causal=False)
     tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     assert part.out.shape == (tokens, kv_heads * group, 64)
@@ -129,36 +130,15 @@ def test_a_shared_block_on_either_path(monkeypatch, native, tokens, keys, kv_hea
 
 @pytest.mark.parametrize("native", [True, False], ids=["native-block", "flash"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prompts_over_themselves_on_either_path(monkeypatch, native, dtype):
+def test_prompts_over_themselves_on_either_path(native, dtype):
     """Two prompts of one length in one self block: each sees only its own tokens."""
-    monkeypatch.setattr(dense_blocks, "native_blocks", lambda dtype: native)
     n, heads, kv_heads = 300, 6, 2
     q = torch.randn(2 * n + 4, heads, 64).to(dtype)
     k, v = (torch.randn(2 * n + 4, kv_heads, 64).to(dtype) for _ in range(2))
     tokens = torch.tensor([[4], [4 + n]]) + torch.arange(n)
-    part = dense_blocks.run_self(dense_blocks.SelfBlock(tokens, n), q, k, v, 0.125)
+    part = dense_blocks.run_self(dense_blocks.SelfBlock(tokens, n), q, k, v, 0.125, native)
     for i, t in enumerate(tokens):
         out, lse = flash(q[t].float(), k[t].float(), v[t].float(), causal=True)
         tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
         torch.testing.assert_close(part.out[i * n : (i + 1) * n], out, **tol)
         torch.testing.assert_close(part.lse[i * n : (i + 1) * n], lse, **tol)
-
-
-@pytest.mark.parametrize("seconds, native", [((1.0, 2.0), True), ((2.0, 1.0), False)])
-def test_dense_blocks_go_to_the_kernel_that_won_the_race(monkeypatch, seconds, native):
-    """``native_blocks`` follows the timed race (native seconds, flash seconds), once per dtype."""
-    calls = []
-    monkeypatch.setattr(dense_blocks, "_block_race", lambda dtype: calls.append(dtype) or seconds)
-    dense_blocks.native_blocks.cache_clear()
-    try:
-        assert dense_blocks.native_blocks(torch.bfloat16) is native
-        assert dense_blocks.native_blocks(torch.bfloat16) is native
-        assert calls == [torch.bfloat16]
-    finally:
-        dense_blocks.native_blocks.cache_clear()
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_race_times_both_kernels(dtype):
-    native, flash = dense_blocks._block_race(dtype, rounds=1)
-    assert 0 < native < float("inf") and 0 < flash < float("inf")

@@ -1,6 +1,6 @@
 """Cascade (shared-prefix) attention in the native backend: requests grouped over their common
-slots (a native cascade below DENSE_MIN_QUERIES, a dense block from it) must get what they
-get attended one by one, and the plan refuses false groups."""
+slots (a native cascade below the profile's dense_min_queries, a dense block from it) must
+get what they get attended one by one, and the plan refuses false groups."""
 
 import numpy as np
 import pytest
@@ -13,13 +13,13 @@ from radixserve.attention import (
     ForwardBatch,
     NativeAttentionBackend,
     PrefixGroup,
-    dense_blocks,
 )
-from radixserve.attention.attention_plan import BLOCK_KEYS, plan_attention
-from radixserve.csrc import load_native, native_available
+from radixserve.cpu.native import load_native, native_available
+from radixserve.cpu.paged_plan import BLOCK_KEYS, plan_attention
 from radixserve.memory.kv_pool import KVPool
 
 from .builds import TARGETS
+from .profiles import here
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native kernels did not build")
 
@@ -61,7 +61,7 @@ def test_cascade_equals_plain(shared_lens, members, private, extend, kv_heads, g
     pool = KVPool(1, 8192, 1, kv_heads, head_dim, dtype)
     pool.k[0].normal_()
     pool.v[0].normal_()
-    backend = NativeAttentionBackend(pool, heads, kv_heads, head_dim, head_dim**-0.5)
+    backend = NativeAttentionBackend(pool, heads, kv_heads, head_dim, head_dim**-0.5, here())
     n = sum(len(r.new_ids) for r in requests)
     q = torch.randn(n, heads, head_dim).to(dtype)
     plain = ForwardBatch.create(requests, 1)
@@ -73,9 +73,9 @@ def test_cascade_equals_plain(shared_lens, members, private, extend, kv_heads, g
         outs.append(backend.attend(0, q, k, v, batch.kv_slots, batch.attn_metadata))
     (o1, lse1), (o2, lse2) = outs
     meta = cascade.attn_metadata
-    if extend * group >= dense_blocks.DENSE_MIN_QUERIES:
+    if extend * group >= here().dense_min_queries:
         # a group is a dense block when its queries times its path are work enough for one
-        work = dense_blocks.dense_min_work(dtype)
+        work = here().paths(dtype).dense_min_work
         blocks = [g for g in groups if len(g.members) * extend * group * g.shared_len >= work]
         assert len(meta.dense.shared) >= len(blocks) and not meta.dense.native_groups
     elif meta.dense.native_groups:
@@ -106,7 +106,7 @@ def test_block_items(dtype, target):
     pool = KVPool(1, 8192, 1, 3, 64, dtype)
     pool.k[0].normal_()
     pool.v[0].normal_()
-    backend = NativeAttentionBackend(pool, 9, 3, 64, 0.125)
+    backend = NativeAttentionBackend(pool, 9, 3, 64, 0.125, here())
     backend.kernels = load_native(target)
     backend.block_groups = True
     q = torch.randn(len(requests), 9, 64).to(dtype)
@@ -148,7 +148,7 @@ def test_the_backend_groups_members_of_any_size(extend):
     """A group's shared path is one dense block for all its members' queries, however many
     new tokens each brings (a prefill batch under one system prompt is the largest case)."""
     pool = KVPool(1, 64, 1, 3, 64, torch.float32)
-    rule = NativeAttentionBackend(pool, 9, 3, 64, 0.125).prefix_group_rule(64)
+    rule = NativeAttentionBackend(pool, 9, 3, 64, 0.125, here()).prefix_group_rule(64)
     assert rule.min_shared == 64
     assert rule.takes_member(extend)
     # at least four vectors of 8 queries per KV head (3 query heads each) in a group

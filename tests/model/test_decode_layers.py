@@ -1,4 +1,4 @@
-"""A decode step's layers in one native call (``model/decode_layers.py``): the same logits and
+"""A decode step's layers in one native call (``cpu/decode_layers.py``): the same logits and
 the same K/V as the layer-by-layer path, bit for bit; greedy decoding through it equals
 transformers'; every forward it does not take goes through the layers."""
 
@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from radixserve.attention import ExtendRequest, ForwardBatch, create_attention_backend
-from radixserve.attention.attention_plan import PrefixGroup
-from radixserve.csrc import load_native, native_available
+from radixserve.attention import ExtendRequest, ForwardBatch, PrefixGroup, create_attention_backend
+from radixserve.cpu import decode_layers as decode_module
+from radixserve.cpu.native import load_native, native_available
 from radixserve.memory import KVSlotAllocator
 from radixserve.memory.kv_pool import KVPool
-from radixserve.model import decode_layers as decode_module
 from radixserve.model import load_model
 from radixserve.model.presets import load_preset
 
 from .paged import PagedRunner, hf_greedy
+from .profiles import here
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="native kernels did not build")
 
@@ -50,14 +50,14 @@ class _Setup:
     def __init__(self, dtype: torch.dtype, page_size: int = 16) -> None:
         loaded = load_preset("tiny", dtype=dtype)
         self.model, cfg = loaded.model, loaded.config
-        self.model.pack_weights()
+        self.model.use_cpu_profile(here())
         self.page_size = page_size
         self.allocator = KVSlotAllocator(4096, page_size)
         self.pool = KVPool(
             cfg.num_layers, 4096, page_size, cfg.num_kv_heads, cfg.head_dim, dtype=dtype
         )
         self.backend = create_attention_backend(
-            "native", self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 0.25
+            "native", self.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 0.25, here()
         )
 
     def forward(self, batch: ForwardBatch, native: bool) -> torch.Tensor:
@@ -110,7 +110,7 @@ def test_decode_steps_equal_the_layer_by_layer_path(dtype, grouped, taken):
 def test_greedy_decoding_through_the_loop_matches_transformers(hf_models, arch, taken):
     hf, path = hf_models[arch]
     loaded = load_model(path)
-    loaded.model.pack_weights()
+    loaded.model.use_cpu_profile(here())
     assert loaded.model.decode_layers is not None
     runner = PagedRunner(loaded, page_size=16, backend="native")
     ids = np.random.default_rng(6).integers(0, 320, 20).tolist()
@@ -137,16 +137,15 @@ def test_other_forwards_go_through_the_layers(taken):
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_no_loop_for_biases_or_qk_norms(hf_models, arch):
     loaded = load_model(hf_models[arch][1])
-    loaded.model.pack_weights()
+    loaded.model.use_cpu_profile(here())
     assert loaded.model.decode_layers is None
 
 
-def test_the_torch_backend_attends_layer_by_layer():
+def test_the_torch_backend_attends_layer_by_layer(taken):
     s = _Setup(torch.float32)
     cfg = s.model.config
-    torch_backend = create_attention_backend(
+    s.backend = create_attention_backend(
         "torch", s.pool, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 0.25
     )
-    batch = ForwardBatch.create([ExtendRequest([1], s.allocator.alloc(16)[:1])], 16)
-    torch_backend.prepare(batch)
-    assert torch_backend.decode_plan(batch) is None
+    s.forward(ForwardBatch.create([ExtendRequest([1], s.allocator.alloc(16)[:1])], 16), True)
+    assert taken == [False]

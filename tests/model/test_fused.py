@@ -1,4 +1,4 @@
-"""The fused elementwise kernels against their torch twins (``radixserve/model/fused.py``):
+"""The fused elementwise kernels against their torch twins (``radixserve/cpu/elementwise.py``):
 float32 within summation order, bfloat16 rounded the same way step by step."""
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.csrc import load_native, native_available
-from radixserve.model import fused
+from radixserve.cpu import elementwise as fused
+from radixserve.cpu.native import load_native, native_available
 
 from .builds import TARGETS
 

@@ -4,20 +4,30 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.csrc import load_native, native_available, onednn
-from radixserve.model import linear as linear_module
-from radixserve.model.linear import (
-    FEW_ROWS,
-    NATIVE_BF16_ROWS,
-    NATIVE_ROWS,
-    PANEL_MAX_ROWS,
-    FusedLinear,
-    Linear,
-    linear,
-    packed_linear,
-)
+from radixserve.cpu import linear as linear_module
+from radixserve.cpu import onednn
+from radixserve.cpu.linear import FusedLinear, Linear, cpu_linear, use_profile
+from radixserve.cpu.native import load_native, native_available
+from radixserve.cpu.profile import ALWAYS, NEVER
 
 from .builds import TARGETS
+from .profiles import here, with_paths
+
+NATIVE_ROWS = 48
+FEW_ROWS = 128
+PANEL_ROWS = 64
+
+
+def linear(x, w, b=None, profile=None):
+    return cpu_linear(x, w, b, profile or here())
+
+
+def test_this_machines_profile_has_the_bounds_these_tests_cross():
+    f32 = here().float32
+    assert here().few_rows == FEW_ROWS
+    if here().native:
+        assert (f32.native_rows, f32.panel_rows) == (NATIVE_ROWS, PANEL_ROWS)
+
 
 needs_native = pytest.mark.skipif(not native_available(), reason="native kernels did not build")
 
@@ -85,26 +95,33 @@ def test_decode_rows_take_the_native_kernel(monkeypatch):
         linear(torch.randn(rows, 8), w)
     assert calls == [3, NATIVE_ROWS]  # float32: few rows only
     # bfloat16: any number of rows where torch's bfloat16 GEMM is slow, few where it is fast
-    monkeypatch.setattr(linear_module, "BF16_GEMM", False)
-    linear(torch.randn(500, 8).bfloat16(), w.bfloat16())
+    linear(
+        torch.randn(500, 8).bfloat16(),
+        w.bfloat16(),
+        profile=with_paths(torch.bfloat16, native_rows=ALWAYS),
+    )
     assert calls[-1] == 500
-    monkeypatch.setattr(linear_module, "BF16_GEMM", True)
     del calls[:]
-    for rows in (NATIVE_BF16_ROWS, NATIVE_BF16_ROWS + 1, 500):
-        linear(torch.randn(rows, 8).bfloat16(), w.bfloat16())
-    assert calls == [NATIVE_BF16_ROWS]
+    few = with_paths(torch.bfloat16, native_rows=8)
+    for rows in (8, 9, 500):
+        linear(torch.randn(rows, 8).bfloat16(), w.bfloat16(), profile=few)
+    assert calls == [8]
 
 
 def test_without_native_kernels_few_rows_still_match(monkeypatch):
     monkeypatch.setattr(linear_module, "load_native", lambda: None)
+    profile = with_paths(
+        torch.bfloat16, with_paths(torch.float32, native_rows=NEVER), native_rows=NEVER
+    )
     x, w = torch.randn(5, 24), torch.randn(40, 24)
-    torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(linear(x, w, None, profile), F.linear(x, w), rtol=1e-5, atol=1e-4)
     xb, wb = x.bfloat16(), w.bfloat16()
-    assert torch.equal(linear(xb, wb), F.linear(xb, wb))
+    assert torch.equal(linear(xb, wb, None, profile), F.linear(xb, wb))
 
 
 def test_gradients_and_other_shapes_take_torchs_path():
     layer = Linear(16, 32)
+    layer.profile = here()
     x = torch.randn(4, 16, requires_grad=True)
     layer(x).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
@@ -140,11 +157,11 @@ def test_native_kernel_across_row_chunks(dtype):
 )
 @pytest.mark.parametrize("rows", [1, 5, 24, 32, 300])
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_packed_linear_gives_what_the_plain_one_gives(monkeypatch, dtype, rtol, atol, rows, bias):
+def test_a_packed_linear_gives_what_the_plain_one_gives(dtype, rtol, atol, rows, bias):
     # float32 packs only where oneDNN outruns torch's BLAS; test its path wherever it exists
-    monkeypatch.setattr(onednn, "FLOAT32_MIN_GAIN", 0.0)
-    if not linear_module.can_pack(dtype):
-        pytest.skip(f"torch's oneDNN cannot multiply {dtype} faster here")
+    if not onednn.available():
+        pytest.skip("torch has no oneDNN here")
+    profile = with_paths(dtype, onednn_rows=24)
     g = torch.Generator().manual_seed(rows)
     layer = Linear(96, 160, bias=bias).to(dtype)
     with torch.no_grad():
@@ -154,7 +171,7 @@ def test_a_packed_linear_gives_what_the_plain_one_gives(monkeypatch, dtype, rtol
     x = torch.randn(rows, 96, generator=g).to(dtype)
     with torch.inference_mode():
         plain = layer(x)
-        added = linear_module.pack_weights(layer)
+        added = use_profile(layer, profile, packed=True)
         packed = layer(x)
     assert layer.packed is not None and added == layer.packed.nbytes >= 160 * 96 * dtype.itemsize
     assert "packed" not in layer.state_dict()  # checkpoints and twins see the plain weight
@@ -165,7 +182,7 @@ def test_a_packed_linear_gives_what_the_plain_one_gives(monkeypatch, dtype, rtol
 @pytest.mark.parametrize("march", TARGETS)
 @settings(max_examples=60, deadline=None)
 @given(
-    rows=st.integers(1, PANEL_MAX_ROWS[torch.float32] + 3),
+    rows=st.integers(1, PANEL_ROWS + 3),
     n_in=st.integers(1, 80),
     n_out=st.integers(1, 120),
     seed=st.integers(0, 2**16),
@@ -201,11 +218,11 @@ def test_panels_refuse_a_weight_of_another_shape():
 
 @needs_native
 def test_float32_decode_rows_take_the_panels(monkeypatch):
-    """Up to PANEL_MAX_ROWS rows on the panels, more on oneDNN's layout where it is packed."""
-    monkeypatch.setattr(onednn, "FLOAT32_MIN_GAIN", 0.0)
+    """Up to ``panel_rows`` rows on the panels, more on oneDNN's layout where it is packed."""
+    profile = with_paths(torch.float32, onednn_rows=24 if onednn.available() else None)
     layer = Linear(32, 40)
     with torch.inference_mode():
-        linear_module.pack_weights(layer)
+        use_profile(layer, profile, packed=True)
     assert layer.packed is not None and layer.packed.panels is not None
     calls = []
     real = load_native()
@@ -217,10 +234,10 @@ def test_float32_decode_rows_take_the_panels(monkeypatch):
 
     monkeypatch.setattr(linear_module, "load_native", lambda: Spy())
     with torch.inference_mode():
-        top = PANEL_MAX_ROWS[torch.float32]
+        top = PANEL_ROWS
         for rows in (1, top, top + 1):
             x = torch.randn(rows, 32)
-            out = packed_linear(x, layer.weight, layer.packed, layer.bias)
+            out = layer(x)
             torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
     assert calls == [1, top]
 
@@ -260,7 +277,7 @@ def test_fused_projections_give_each_parts_output_and_store_nothing_twice(rows, 
     x = torch.randn(rows, 64)
     with torch.no_grad():
         expected = [F.linear(x, p.weight, p.bias) for p in parts]
-        fused = FusedLinear(parts)
+        fused = FusedLinear(parts, here())
         outs = fused(x)
     for out, want, part in zip(outs, expected, parts, strict=True):
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
@@ -272,4 +289,4 @@ def test_fused_projections_give_each_parts_output_and_store_nothing_twice(rows, 
 
 def test_fused_projections_refuse_a_bias_on_some_parts_only():
     with pytest.raises(ValueError, match="bias"):
-        FusedLinear([Linear(8, 8, bias=True), Linear(8, 8, bias=False)])
+        FusedLinear([Linear(8, 8, bias=True), Linear(8, 8, bias=False)], here())

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.csrc import load_native, native_available
+from radixserve.cpu.native import load_native, native_available
 
 from .builds import TARGETS
 

@@ -4,11 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from radixserve.csrc import native_available, onednn
+from radixserve.cpu import onednn
+from radixserve.cpu.native import native_available
 from radixserve.model import load_model
 
 from .conftest import ARCHS, save_hf_model
 from .paged import PagedRunner, hf_greedy
+from .profiles import with_paths
 
 ATOL = 1e-4
 
@@ -127,17 +129,16 @@ def test_half_precision_stays_close(hf_models, dtype):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # tied and untied output weights
-def test_weights_packed_for_onednn_give_the_same_logits(hf_models, monkeypatch, arch):
-    from radixserve.model import linear
+def test_weights_packed_for_onednn_give_the_same_logits(hf_models, arch):
+    from radixserve.cpu import linear
 
     # float32 packs only where oneDNN outruns torch's BLAS; test its path wherever it exists
-    monkeypatch.setattr(onednn, "FLOAT32_MIN_GAIN", 0.0)
-    if not linear.can_pack(torch.float32):
+    if not onednn.available():
         pytest.skip("torch has no oneDNN here")
     hf, path = hf_models[arch]
     loaded = load_model(path)
     model = loaded.model
-    assert model.pack_weights() > 0
+    assert model.use_cpu_profile(with_paths(torch.float32, onednn_rows=24)) > 0
     linears = [m for m in model.modules() if isinstance(m, linear.Linear)]
     assert linears and all(m.packed is not None for m in linears)
     # q/k/v and gate/up: fused, with panels for few rows where the native kernels build
@@ -145,7 +146,7 @@ def test_weights_packed_for_onednn_give_the_same_logits(hf_models, monkeypatch, 
     assert all(f is not None and (f.packed is not None) == native_available() for f in fused)
     assert (model.output_packed is not None) == (arch == "llama")  # qwen2's is a Linear
     runner = PagedRunner(loaded, 16)
-    ids = prompt(45, seed=3)  # past PACKED_MIN_ROWS: projections and logits run packed
+    ids = prompt(45, seed=3)  # past onednn_rows: projections and logits run packed
     logits = runner.extend([(runner.new(), ids)], all_logits=True)
     with torch.no_grad():
         every = hf(torch.tensor([ids])).logits[0].float()

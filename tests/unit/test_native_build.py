@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.cache import RadixCache
-from radixserve.csrc import build_directory, load_native, native_available
+from radixserve.cpu.native import build_directory, load_native, native_available
 from radixserve.memory import KVSlotAllocator
 
 from .tree_utils import alloc_and_insert
@@ -49,8 +49,8 @@ def test_native_matcher_equals_python(edge, key, pos, page):
 )
 def test_tree_answers_alike_with_either_matcher(prompts, queries, page):
     caches = [
-        RadixCache(page, KVSlotAllocator(1024 * page, page), native_matcher=native)
-        for native in (True, False)
+        RadixCache(page, KVSlotAllocator(1024 * page, page), matcher=matcher)
+        for matcher in (load_native(), None)
     ]
     for cache in caches:
         for p in prompts:
@@ -76,7 +76,7 @@ PROBE = """
 import logging; logging.basicConfig(level=logging.INFO)
 from radixserve.attention import resolve_backend_name
 from radixserve.cache import RadixCache
-from radixserve.csrc import load_native
+from radixserve.cpu.native import load_native
 assert load_native() is None
 assert resolve_backend_name("auto", "cpu") == "torch"
 cache = RadixCache(1)
@@ -108,7 +108,7 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_load():
     lock = build_directory() / "lock"
     lock.touch()
     try:
-        code = "from radixserve.csrc import load_native; assert load_native() is not None"
+        code = "from radixserve.cpu.native import load_native; assert load_native() is not None"
         subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
         assert not lock.exists()
     finally:

@@ -53,9 +53,8 @@ class DiskTier:
         self._thread.start()
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="radixserve-disk-read")
         # The buffer of the last installed read, reused by the next: a fresh one faults in
-        # each of its pages while it is filled (a 4,096-token prefix of bench-135m read from
-        # the page cache in 110-370 ms into new memory, ~90 ms checksums included into the
-        # reused one). It holds at most one read's rows.
+        # each of its pages while it is filled, which cost a read several times its copy.
+        # It holds at most one read's rows.
         self._spare: np.ndarray | None = None
 
     def keys(self, tokens: np.ndarray, namespace: object) -> list[bytes]:

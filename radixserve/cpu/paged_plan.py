@@ -12,18 +12,25 @@ softmax state; the kernel merges a token's rows by log-sum-exp. So
   the group's common slots, read once for all of them, plus each member's private suffix;
   or, asked for, *block* items of every member's tokens over chunks of up to BLOCK_KEYS
   shared keys, which the kernel runs in its block kernel (``csrc/block_attention.cpp``:
-  keys packed once, then tiles at the multiply-add rate) over all its threads: in float32
-  32 decode rows over 1,024 shared keys took 0.77-0.82x the time of the chunked items, over
-  2,048 0.88x, 12 rows over 512 0.67x; in bfloat16 0.64x, 0.73x and 0.82x (12 over 300).
+  keys packed once, then tiles at the multiply-add rate) over all its threads.
+
+``NativeMetadata`` is what the native backend leaves on a batch: this plan, the dense
+blocks beside it, and whether the decode loop (``decode_layers.py``) may run the batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+from radixserve.cache.shared_paths import PrefixGroup, check_group
+
+if TYPE_CHECKING:
+    from radixserve.cpu.dense_blocks import DenseSplit
 
 QUERY_BLOCK = 32
 KEY_CHUNK = 512
@@ -32,16 +39,7 @@ MIN_CHUNK = 64
 # chunks so that every core gets a share (the members' suffixes are small by comparison).
 SHARED_MIN_CHUNKS = 8
 _ALL = np.iinfo(np.int64).max // 4  # a causal offset that shows a row every key
-BLOCK_KEYS = 1024  # longer paths' keys no longer stay in a core's cache: 4,096 took 1.14x
-
-
-@dataclass(frozen=True)
-class PrefixGroup:
-    """Requests of a batch (by index) whose first ``shared_len`` context slots are the same
-    slots: the path they share in the radix tree."""
-
-    shared_len: int
-    members: tuple[int, ...]
+BLOCK_KEYS = 1024  # longer paths' keys no longer stay in a core's cache
 
 
 @dataclass(frozen=True)
@@ -55,6 +53,15 @@ class AttentionPlan:
     @property
     def num_rows(self) -> int:
         return len(self.q_index)
+
+
+@dataclass(frozen=True)
+class NativeMetadata:
+    plan: AttentionPlan | None  # what the paged kernel runs; None: nothing
+    dense: DenseSplit
+    # every token is attended by ``plan`` alone, right after its K/V are stored (no dense
+    # block, no K/V copy, no tier load pending): a decode step's layers may run in one call
+    plan_only: bool
 
 
 class _Builder:
@@ -155,25 +162,3 @@ def plan_attention(
         # Token j of the request sits at position prefix + j and sees keys 0 .. prefix + j.
         b.add(tokens, int(kv_start[i]) + s, int(seq[i]) - s, int(prefix[i]) - s + 1)
     return b.build(int(ext.sum()), every_token=keys_from is None)
-
-
-def check_group(
-    group: PrefixGroup,
-    prefix: np.ndarray,
-    kv_start: np.ndarray,
-    kv_slots: np.ndarray | None,
-    shared: np.ndarray,
-) -> None:
-    m, n = list(group.members), group.shared_len
-    if len(m) < 2 or n < 1:
-        raise ValueError(f"a prefix group needs >= 2 members and a shared length: {group}")
-    if len(set(m)) != len(m) or shared[m].any():
-        raise ValueError(f"a request belongs to at most one prefix group: {group}")
-    if (prefix[m] < n).any():
-        raise ValueError(f"a shared prefix must be cached for every member: {group}")
-    if kv_slots is None:
-        raise ValueError("checking a prefix group needs the batch's kv_slots")
-    first = kv_slots[kv_start[m[0]] : kv_start[m[0]] + n]
-    for i in m[1:]:
-        if not np.array_equal(kv_slots[kv_start[i] : kv_start[i] + n], first):
-            raise ValueError(f"request {i} does not share the first {n} slots of {group}")

@@ -1,11 +1,12 @@
-"""Native CPU kernels: paged attention read in place from the KV pool, the radix tree's edge
-comparison, and linear layers for the few rows of a decode step.
+"""The native CPU kernels' build: paged attention read in place from the KV pool, the radix
+tree's edge comparison, linear layers for few rows, the fused elementwise steps.
 
-The C++ sources sit beside this file and are compiled on first use with torch's extension
-loader (cached under ``~/.cache/torch_extensions``, rebuilt when a source changes). Nothing
-here is needed to import or run radixserve: when the build cannot happen (no compiler, no
-ninja, ``RADIXSERVE_NATIVE=0``) :func:`load_native` logs one line and returns ``None``, and
-callers keep their torch/Python paths, which are also the references the tests compare with.
+The C++ sources sit in ``csrc/`` beside this file and are compiled on first use with torch's
+extension loader (cached under ``~/.cache/torch_extensions``, one folder per version of the
+sources and CPU). Nothing here is needed to import or run radixserve: when the build
+cannot happen (no compiler, no ninja, ``RADIXSERVE_NATIVE=0``) :func:`load_native` logs one
+line and returns ``None``, and callers keep their torch/Python paths, which are also the
+references the tests compare with.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ SOURCES = (
     "panel_linear.cpp",
     "prefix_match.cpp",
 )
+SOURCE_DIR = Path(__file__).parent / "csrc"
 DISABLE_ENV = "RADIXSERVE_NATIVE"
 _FLAGS = ["-O3", "-std=c++17", "-fopenmp"]
 
@@ -49,7 +51,7 @@ def load_native(march: str = "native") -> ModuleType | None:
         from torch.utils import cpp_extension
 
         _put_ninja_on_path()
-        here = Path(__file__).parent
+        here = SOURCE_DIR
         with _sole_builder(build_directory(march)):
             return cpp_extension.load(
                 name=_module_name(march),
@@ -85,33 +87,29 @@ def _sole_builder(build_dir: Path):
         yield
 
 
-def torch_has_bf16_instructions(amx_only: bool = False) -> bool:
-    """Whether torch's own bfloat16 kernels (GEMM, flash attention) run on bfloat16
-    instructions here (AVX512_BF16 or AMX; with ``amx_only``, AMX's tiles, which torch's
-    flash kernel needs to be fast); torch.cpu's probes are private, and a torch without
-    them is taken to lack the instructions."""
-    import torch
-
-    probes = ["_is_amx_tile_supported"] + ([] if amx_only else ["_is_avx512_bf16_supported"])
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
-
-
 def native_available() -> bool:
     return load_native() is not None
 
 
 def _module_name(march: str) -> str:
-    """Built with ``-march=native``: the name carries the CPU's feature flags, so a cache
-    directory shared between different machines never hands one the other's binary."""
-    if march != "native":
-        return "radixserve_native_" + march.replace("-", "_")
-    flags = ""
+    """The name carries a hash of the sources and, built with ``-march=native``, of the CPU's
+    feature flags: a cache directory shared between machines never hands one the other's
+    binary, and two checkouts of different sources do not rebuild over each other."""
+    digest = hashlib.sha256(march.encode())
+    for name in SOURCES + tuple(sorted(p.name for p in SOURCE_DIR.glob("*.h"))):
+        digest.update(name.encode() + (SOURCE_DIR / name).read_bytes())
+    if march == "native":
+        digest.update(cpu_flags_line().encode())
+    return f"radixserve_native_{march.replace('-', '_')}_{digest.hexdigest()[:10]}"
+
+
+def cpu_flags_line() -> str:
+    """The ``flags`` line of ``/proc/cpuinfo`` ('' where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
+            return next((line for line in f if line.startswith("flags")), "")
     except OSError:
-        pass
-    return "radixserve_native_" + hashlib.sha256(flags.encode()).hexdigest()[:8]
+        return ""
 
 
 def _put_ninja_on_path() -> None:

@@ -1,24 +1,26 @@
 """A decode step's decoder layers in one native call (``csrc/decode_layers.cpp``).
 
 Layer by layer from Python, a decode step makes about a dozen calls a layer (modules,
-argument checks, small allocations), ~4 ms a step of bench-135m whatever the batch: at
-batch 1 in bfloat16 as long as streaming its weights. The native loop runs the same kernels
+argument checks, small allocations), a cost that does not shrink with the batch and at
+batch 1 rivals streaming the weights. The native loop runs the same kernels
 in the same order, so its results equal the layer-by-layer path's bit for bit (the tests
 compare them). It takes the forwards where every row is one request's next token, every
-projection sits on column panels and one paged plan attends every row; any other forward
-goes through the layers.
+projection sits on column panels and the native backend's paged plan alone attends every
+row (``NativeMetadata.plan_only``); any other forward goes through the layers. The model
+is read by its Hugging Face attribute names; nothing here imports it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from radixserve.attention import AttentionBackend, ForwardBatch
-from radixserve.csrc import load_native
-from radixserve.model.linear import PANEL_MAX_ROWS
+from radixserve.cpu.native import load_native
+from radixserve.cpu.paged_plan import NativeMetadata
+from radixserve.cpu.profile import CpuProfile
 
 
 @dataclass(frozen=True)
@@ -31,13 +33,21 @@ class DecodeLayers:
     head_dim: int
     intermediate: int
     eps: float
+    panel_rows: int  # the most rows the panels take in this dtype
 
     @classmethod
-    def build(cls, model: nn.Module) -> DecodeLayers | None:
+    def build(cls, model: nn.Module, profile: CpuProfile) -> DecodeLayers | None:
         """From a Llama-family model whose weights are packed (``pack_weights``), or None
         where a layer has what the loop lacks (biases, q/k norms, a projection off panels)."""
-        cfg = model.config
-        if load_native() is None or cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias or cfg.qk_norm:
+        cfg, paths = model.config, profile.paths(model.output_weight.dtype)
+        if (
+            not profile.native
+            or paths is None
+            or cfg.qkv_bias
+            or cfg.o_bias
+            or cfg.mlp_bias
+            or cfg.qk_norm
+        ):
             return None
         weights: list[torch.Tensor] = []
         for layer in model.model.layers:
@@ -61,23 +71,25 @@ class DecodeLayers:
             cfg.head_dim,
             cfg.intermediate_size,
             eps,
+            paths.panel_rows,
         )
 
     def __call__(
         self,
         x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
-        batch: ForwardBatch,
-        backend: AttentionBackend,
+        batch: Any,
+        backend: Any,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(the last layer's MLP output, the residual stream)`` for the embeddings ``x``
-        of a decode step the loop takes, else None (nothing done)."""
-        if len(x) > PANEL_MAX_ROWS[x.dtype] or not batch.is_decode or batch.return_all_logits:
+        of a decode step the loop takes, else None (nothing done). ``batch`` and
+        ``backend``: the forward's ``ForwardBatch`` and attention backend."""
+        if len(x) > self.panel_rows or not batch.is_decode or batch.return_all_logits:
             return None
-        plan = backend.decode_plan(batch)
-        if plan is None:
+        meta = batch.attn_metadata
+        if not isinstance(meta, NativeMetadata) or not meta.plan_only or meta.plan is None:
             return None
-        pool = backend.kv_pool
+        plan, pool = meta.plan, backend.kv_pool
         cos, sin = (t.reshape(len(x), self.head_dim).contiguous() for t in cos_sin)
         return load_native().decode_layers(
             x,
