@@ -54,7 +54,7 @@ class _Ours:
         need = max(max(cfg.prefill_lens), max(cfg.decode_batches) * (cfg.context + 64 + page))
         slots = -(-need // page) * page
         profile = probe_cpu_profile()
-        loaded.model.use_cpu_profile(profile)  # as the engine does (the twin is made before)
+        loaded.model.use_cpu_profile(profile)  # as the engine does
         self.model, self.page_size = loaded.model, page
         self.allocator = KVSlotAllocator(slots, page)
         dtype = next(loaded.model.parameters()).dtype
