@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import httpx
 
 from radixserve.bench import report
+from radixserve.bench.http_load import ChatLoad, drive, summarize
 from radixserve.bench.report import Column, Step, TableSpec, num, pct, times
-from radixserve.bench.serve_bench import ChatLoad, drive, median_row, summarize
+from radixserve.bench.serve_bench import median_row
 
 ROUTERS = ("prefix", "round-robin", "power-of-two")
 

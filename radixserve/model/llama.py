@@ -163,19 +163,20 @@ class LlamaForCausalLM(nn.Module):
         layer's q/k/v and gate/up projections, lay every weight out again for its faster
         paths, and give decode steps their native loop where it runs (``DecodeLayers``);
         returns the bytes that adds."""
-        self.cpu_profile, added = profile, 0
-        if pack_weights:
-            for layer in self.model.layers:
-                attn, mlp = layer.self_attn, layer.mlp
-                attn.qkv = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj], profile)
-                mlp.gate_up = FusedLinear([mlp.gate_proj, mlp.up_proj], profile)
-                added += sum(f.packed.nbytes for f in (attn.qkv, mlp.gate_up) if f.packed)
-        added += use_profile(self, profile, pack_weights)
-        if pack_weights and self.config.tie_word_embeddings:
+        self.cpu_profile = profile
+        if not pack_weights:
+            return use_profile(self, profile, packed=False)
+        added = 0
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj], profile)
+            mlp.gate_up = FusedLinear([mlp.gate_proj, mlp.up_proj], profile)
+            added += sum(f.packed.nbytes for f in (attn.qkv, mlp.gate_up) if f.packed)
+        added += use_profile(self, profile, packed=True)
+        if self.config.tie_word_embeddings:
             self.output_packed = pack(self.output_weight, profile)
             added += self.output_packed.nbytes if self.output_packed else 0
-        if pack_weights:
-            self.decode_layers = DecodeLayers.build(self, profile)
+        self.decode_layers = DecodeLayers.build(self, profile)
         return added
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 import radixserve as rs
-from radixserve.bench.serve_bench import ServerProcess
+from radixserve.bench.http_load import ServerProcess
 from radixserve.lang import EngineBackend, ProgramError
 from radixserve.lang.backend import as_backend
 
