@@ -91,6 +91,8 @@ def check_group(
     kv_slots: np.ndarray | None,
     shared: np.ndarray,
 ) -> None:
+    """Refuse a group whose members do not really share their first ``shared_len`` cached
+    slots, or that claims a request another group (marked in ``shared``) already has."""
     m, n = list(group.members), group.shared_len
     if len(m) < 2 or n < 1:
         raise ValueError(f"a prefix group needs >= 2 members and a shared length: {group}")
