@@ -191,7 +191,7 @@ def _cpu_profile(args: argparse.Namespace) -> int:
 
 
 def _add_module(sub, name: str, module: str, help: str, chosen: bool, bench: bool) -> None:
-    p = sub.add_parser(name, help=help)
+    p = sub.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     if not chosen:  # only the command being run imports its module
         return
     mod = importlib.import_module(module)

@@ -1,5 +1,5 @@
-"""``radixserve bench cache``: latency of the radix tree's hot operations, and what the tree
-alone saves on a multi-turn chat workload (no model), replayed as ``simulate`` replays.
+"""``radixserve bench cache``: latency of the radix tree's hot operations (what the tree alone
+saves on a workload at a KV budget is ``simulate``'s question).
 
 Trees are grown from a system-prompt/multi-turn shape: ``num_prompts`` long shared prompts,
 each with conversations of two turns below it. A query follows one prompt and the first turn
@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import argparse
 import gc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from radixserve.bench import report
-from radixserve.bench.report import Column, TableSpec, num, pct
-from radixserve.bench.workloads import MultiTurnChat
+from radixserve.bench.report import Column, TableSpec, num
 from radixserve.cache import RadixCache
 from radixserve.cpu.native import load_native
 from radixserve.memory import KVSlotAllocator
-from radixserve.sim.replay import optimal, replay
-from radixserve.sim.trace import from_calls
 
 VOCAB = 32000
 
@@ -75,9 +72,6 @@ class CacheBenchConfig:
     rounds: int = 5
     evict_leaves: int = 50_000
     evictions: int = 1000
-    # 64 conversations x 4 turns under 4 system prompts
-    chat: MultiTurnChat = field(default_factory=MultiTurnChat)
-    capacity: int | None = None  # KV slots for a second chat row
     seed: int = 0
 
     def shapes(self) -> list[TreeShape]:
@@ -182,29 +176,6 @@ def run_cache_bench(cfg: CacheBenchConfig, step=lambda label: None) -> list[dict
     return rows
 
 
-def chat_through_tree(chat: MultiTurnChat, page_size: int, capacity: int | None) -> dict:
-    """``chat`` replayed through a tree of ``capacity`` KV slots (unbounded when None) as
-    ``simulate`` replays a trace: its hit rate beside the optimal (each distinct page of
-    prefix computed once) and the KV memory that sharing saves."""
-    requests = list(chat.requests())
-    trace = from_calls(((r.prompt, r.output) for r in requests), page_size)
-    last = {r.conversation: len(r.sequence) for r in requests}  # each chat's, were none shared
-    unshared = sum(last.values())
-    row = replay(trace, page_size, capacity or sum(len(r.sequence) for r in requests))
-    return {
-        "page_size": page_size,
-        "kv_slots": capacity,
-        "requests": len(requests),
-        "hit_tokens": row["prefill_tokens_saved"],
-        "hit_rate": row["token_hit_rate"],
-        "optimal_hit_rate": optimal(trace, page_size)["token_hit_rate"],
-        "request_hit_rate": row["request_hit_rate"],
-        # what sharing saves, while everything stays cached
-        "memory_saved": None if row["evictions"] else 1 - row["cached_tokens"] / unshared,
-        "evicted_tokens": row["evictions"],
-    }
-
-
 def _best_round(rounds: list[np.ndarray]) -> dict:
     """Percentiles of the round with the lowest median: on a shared machine, neighbours only
     ever add time, so the quietest round is the best estimate of the code's own cost."""
@@ -235,20 +206,6 @@ TABLES = (
             Column("p99_us", "p99 µs", num(1)),
         ),
     ),
-    TableSpec(
-        "chat",
-        "a multi-turn chat workload through the tree alone",
-        (
-            Column("page_size", "page"),
-            Column("kv_slots", "KV slots"),
-            Column("requests", "requests", wide=True),
-            Column("hit_rate", "hit rate", pct),
-            Column("optimal_hit_rate", "optimal", pct),
-            Column("request_hit_rate", "requests hit", pct, wide=True),
-            Column("memory_saved", "KV saved", pct),
-            Column("evicted_tokens", "evicted"),
-        ),
-    ),
 )
 QUICK = {
     "tree_sizes": (10_000,),
@@ -258,31 +215,23 @@ QUICK = {
     "rounds": 1,
     "evict_leaves": 2000,
     "evictions": 200,
-    "chat": MultiTurnChat(num_conversations=16, turns=2),
 }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--page-sizes", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--capacity", type=int, help="KV slots for the chat workload too")
-    report.add_common(p, model=None, plot=True)
+    report.add_options(p, CacheBenchConfig, "page_sizes", plot=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    sizes = tuple(args.page_sizes)
-    cfg = report.configure(
-        CacheBenchConfig, args, QUICK, page_sizes=sizes, capacity=args.capacity, seed=args.seed
-    )
+    cfg = report.configure(CacheBenchConfig, args, QUICK)
     total = len(cfg.page_sizes) * (len(cfg.shapes()) + 1)
     rows = report.with_progress("bench cache", total, lambda step: run_cache_bench(cfg, step))
-    capacities = [None] if cfg.capacity is None else [None, cfg.capacity]
-    chat = [chat_through_tree(cfg.chat, p, c) for p in cfg.page_sizes for c in capacities]
     lines = [r | {"line": f"page {r['page_size']}, {r['group']}"} for r in rows]
     matches = [r for r in lines if r["op"] == "match"]
     return report.finish(
         args,
         cfg,
-        {"rows": rows, "chat": chat},
+        {"rows": rows},
         TABLES,
         lambda path: report.plot(path, matches, "hit_len", ["p50_us"], "line", logx=True),
     )

@@ -36,6 +36,10 @@ class ClusterBenchConfig:
     rounds: int = 2
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if unknown := set(self.routers) - set(ROUTERS):
+            raise ValueError(f"unknown routers {sorted(unknown)}; choose from {list(ROUTERS)}")
+
 
 def run_one(cfg: ClusterBenchConfig, label: str, url: str) -> dict:
     """Deploy ``label``'s application, warm it, load it, take it down."""
@@ -140,38 +144,18 @@ QUICK = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
-    p.add_argument("--requests", type=int, default=256)
-    p.add_argument("--request-rate", type=float, default=8.0, help="Poisson; inf: all at once")
-    p.add_argument("--rounds", type=int, default=2)
-    report.add_common(p, plot=True)
+    names = "replicas routers requests request_rate rounds"
+    helps = {"request_rate": "Poisson; inf: all at once"}
+    report.add_options(p, ClusterBenchConfig, names, plot=True, **helps)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = report.configure(
-        ClusterBenchConfig,
-        args,
-        QUICK,
-        model=args.model,
-        replicas=args.replicas,
-        routers=tuple(args.routers),
-        requests=args.requests,
-        request_rate=args.request_rate,
-        rounds=args.rounds,
-        seed=args.seed,
-    )
+    cfg = report.configure(ClusterBenchConfig, args, QUICK)
     total = cfg.rounds * (1 + len(cfg.routers))
     result = report.with_progress("bench cluster", total, lambda step: run_cluster_bench(cfg, step))
 
     def chart(path: str) -> None:
-        report.plot(
-            path,
-            result["rows"],
-            "config",
-            ["hit_rate", "req_s", "ttft_p99_ms"],
-            "config",
-            bars=True,
-        )
+        ys = ["hit_rate", "req_s", "ttft_p99_ms"]
+        report.plot(path, result["rows"], "config", ys, "config", bars=True)
 
     return report.finish(args, cfg, result, TABLES, chart)

@@ -4,9 +4,9 @@ machine's memory bandwidth.
 One attention layer of a model's shape over a KV pool whose pages are scattered at random,
 as a long-running server's are (decodes, extends, and a decode group's cascade over a shared
 prefix); a decode step's projections over every decoder layer's weights (so they come from
-memory, as in a real step) on the engine's linear path against ``F.linear``; the tree's
-match with and without the native edge scan. Calls alternate and the medians are kept; each
-case's limit is the bytes it must read at a read-only probe's bandwidth, measured beside it.
+memory, as in a real step) on the engine's linear path against ``F.linear``. Calls alternate
+and the medians are kept; each case's limit is the bytes it must read at a read-only probe's
+bandwidth, measured beside it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from radixserve.attention import (
     TorchAttentionBackend,
 )
 from radixserve.bench import report
-from radixserve.bench.cache_bench import TreeShape, build_tree, unseen_tokens
 from radixserve.bench.report import Column, Step, TableSpec, num, times
 from radixserve.cpu import probe_cpu_profile
 from radixserve.cpu.linear import cpu_linear, pack
@@ -39,7 +38,7 @@ from radixserve.model.presets import preset_hf_config
 
 @dataclass(frozen=True)
 class KernelBenchConfig:
-    preset: str = "bench-135m"
+    model: str = "bench-135m"  # a preset: its shapes, random weights
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
     batches: tuple[int, ...] = (1, 8, 32)
     contexts: tuple[int, ...] = (512, 2048, 8192)
@@ -47,8 +46,6 @@ class KernelBenchConfig:
     cascade: tuple[int, int, int] = (32, 2048, 64)  # requests, shared prefix, own suffix
     linear_rows: tuple[int, ...] = (1, 8, 16, 32, 64)
     linear_layers: int | None = None  # decoder layers' weights to run over (None: the model's)
-    matcher_tree_tokens: int = 1_000_000
-    matcher_hit: int = 4096
     page_size: int = 16
     reps: int = 5
     seed: int = 0
@@ -81,7 +78,7 @@ class BandwidthProbe:
 
 
 def run_kernel_bench(cfg: KernelBenchConfig, step: Step) -> dict:
-    hf = preset_hf_config(cfg.preset)
+    hf = preset_hf_config(cfg.model)
     heads, kv_heads = hf.num_attention_heads, hf.num_key_value_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
     probe = BandwidthProbe()
@@ -104,7 +101,6 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Step) -> dict:
         "read_gb_s": float(np.median([r["read_gb_s"] for r in rows])),
         "rows": rows,
         "linear": linear,
-        "matcher": matcher_rows(cfg),
     }
 
 
@@ -222,28 +218,6 @@ def _limits(t: dict[str, float], nbytes: int, probe: BandwidthProbe) -> dict:
     }
 
 
-def matcher_rows(cfg: KernelBenchConfig) -> list[dict]:
-    """``match_prefix`` p50 over 1,000 prompts with and without the native edge scan, for a
-    full hit and for queries leaving a long edge halfway (where the scan matters)."""
-    shape = TreeShape.for_sizes(cfg.matcher_tree_tokens, cfg.matcher_hit)
-    trees = {}
-    for name in ("python", "native"):  # the same tree twice: the same seed
-        rng = np.random.default_rng(cfg.seed)
-        trees[name], first_turns = build_tree(shape, cfg.page_size, rng, name == "native")
-    picks = rng.integers(0, len(first_turns), 1000)
-    hits = [np.concatenate([first_turns[i], unseen_tokens(rng, 64)]) for i in picks]
-    half = shape.prompt_len // 2
-    partial = [np.concatenate([q[:half], unseen_tokens(rng, len(q) - half)]) for q in hits]
-    rows = []
-    for case, queries in (("full hit", hits), ("leaves an edge halfway", partial)):
-        row = {"kernel": "matcher", "case": f"{case}, {shape.tree_tokens:,}-token tree"}
-        for name, tree in trees.items():
-            p50 = np.median(report.per_call(queries, tree.match_prefix))
-            row[f"{name}_us"] = float(p50) * 1e6
-        rows.append(row)
-    return rows
-
-
 TABLES = (
     TableSpec(
         "rows",
@@ -274,15 +248,6 @@ TABLES = (
             Column("of_read_limit", "x read limit", num(2)),
         ),
     ),
-    TableSpec(
-        "matcher",
-        "the radix tree's match_prefix, p50 µs",
-        (
-            Column("case", "case"),
-            Column("python_us", "Python walk", num(1)),
-            Column("native_us", "native scan", num(1)),
-        ),
-    ),
 )
 QUICK = {
     "batches": (1, 4),
@@ -291,24 +256,19 @@ QUICK = {
     "cascade": (4, 300, 8),
     "linear_rows": (1, 5),
     "linear_layers": 2,
-    "matcher_tree_tokens": 20_000,
-    "matcher_hit": 1024,
     "reps": 1,
 }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    p.add_argument("--reps", type=int, default=5, help="alternating calls per case")
-    report.add_common(p, plot=True)
+    report.add_options(p, KernelBenchConfig, "dtypes reps", plot=True, reps="calls per case")
 
 
 def run(args: argparse.Namespace) -> int:
     if load_native() is None:
         print("the native kernels could not be built (see the log above)")
         return 1
-    fields = dict(preset=args.model, dtypes=tuple(args.dtypes), reps=args.reps, seed=args.seed)
-    cfg = report.configure(KernelBenchConfig, args, QUICK, **fields)
+    cfg = report.configure(KernelBenchConfig, args, QUICK)
     cells = len(cfg.batches) * len(cfg.contexts) + len(cfg.extends) + len(cfg.linear_rows)
     total = cells * len(cfg.dtypes)
     out = report.with_progress("bench kernels", total, lambda step: run_kernel_bench(cfg, step))

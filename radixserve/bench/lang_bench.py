@@ -33,7 +33,12 @@ class LangBenchConfig:
     max_tokens: int = 16
     page_size: int = 1
     rounds: int = 1
+    programs: tuple[str, ...] = ("few-shot", "tree-of-thought")
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if unknown := set(self.programs) - set(PROGRAMS):
+            raise ValueError(f"unknown programs {sorted(unknown)}; choose from {list(PROGRAMS)}")
 
 
 class RecordingBackend(EngineBackend):
@@ -138,9 +143,9 @@ def run_once(cfg: LangBenchConfig, program: str, cache: str) -> dict:
     }
 
 
-def run_lang_bench(cfg: LangBenchConfig, programs: Sequence[str], step: Step) -> list[dict]:
+def run_lang_bench(cfg: LangBenchConfig, step: Step) -> list[dict]:
     rows = []
-    for program in programs:
+    for program in cfg.programs:
         runs = report.run_rounds(
             ["radix", "off"], cfg.rounds, partial(run_once, cfg, program), step
         )
@@ -173,18 +178,11 @@ QUICK = {"few_shot_questions": 12, "tot_programs": 2, "tot_width": 2, "max_token
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--programs", nargs="+", default=list(PROGRAMS), help=", ".join(PROGRAMS))
-    p.add_argument("--rounds", type=int, default=1)
-    report.add_common(p)
+    report.add_options(p, LangBenchConfig, "programs rounds")
 
 
 def run(args: argparse.Namespace) -> int:
-    if unknown := set(args.programs) - set(PROGRAMS):
-        raise ValueError(f"unknown programs {sorted(unknown)}; choose from {list(PROGRAMS)}")
-    fields = dict(model=args.model, rounds=args.rounds, seed=args.seed)
-    cfg = report.configure(LangBenchConfig, args, QUICK, **fields)
-    total = len(args.programs) * 2 * cfg.rounds
-    rows = report.with_progress(
-        "bench lang", total, lambda step: run_lang_bench(cfg, args.programs, step)
-    )
+    cfg = report.configure(LangBenchConfig, args, QUICK)
+    total = len(cfg.programs) * 2 * cfg.rounds
+    rows = report.with_progress("bench lang", total, lambda step: run_lang_bench(cfg, step))
     return report.finish(args, cfg, {"rows": rows}, TABLES)

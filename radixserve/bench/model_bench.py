@@ -34,7 +34,7 @@ from radixserve.model.presets import load_preset
 
 @dataclass(frozen=True)
 class ModelBenchConfig:
-    preset: str = "bench-135m"
+    model: str = "bench-135m"  # a preset: random weights, no download
     dtypes: tuple[str, ...] = ("bfloat16", "float32")
     prefill_lens: tuple[int, ...] = (512, 2048)
     decode_batches: tuple[int, ...] = (1, 8, 32)
@@ -112,7 +112,7 @@ def run_model_bench(cfg: ModelBenchConfig, step: Step = lambda label: None) -> l
     read_rate = BandwidthProbe().measure()
     rows = []
     for dtype in cfg.dtypes:
-        loaded = load_preset(cfg.preset, dtype=getattr(torch, dtype))
+        loaded = load_preset(cfg.model, dtype=getattr(torch, dtype))
         ours, theirs = _Ours(loaded, cfg), transformers_twin(loaded)
         # refuse to time two models that do not compute the same thing
         ids = rng.integers(0, loaded.config.vocab_size, 24).astype(np.int64)
@@ -184,17 +184,13 @@ QUICK = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    p.add_argument("--attention-backend", default="auto", help="auto, torch or native")
-    report.add_common(p)
+    helps = {"attention_backend": "auto, torch or native"}
+    report.add_options(p, ModelBenchConfig, "dtypes attention_backend", **helps)
 
 
 def run(args: argparse.Namespace) -> int:
-    fields = dict(preset=args.model, dtypes=tuple(args.dtypes), seed=args.seed)
-    cfg = report.configure(
-        ModelBenchConfig, args, QUICK, attention_backend=args.attention_backend, **fields
-    )
+    cfg = report.configure(ModelBenchConfig, args, QUICK)
     total = len(cfg.dtypes) * (len(cfg.prefill_lens) + len(cfg.decode_batches))
     rows = report.with_progress("bench model", total, lambda step: run_model_bench(cfg, step))
-    print(f"{cfg.preset}, {torch.get_num_threads()} threads")
+    print(f"{cfg.model}, {torch.get_num_threads()} threads")
     return report.finish(args, cfg, {"rows": rows}, TABLES)

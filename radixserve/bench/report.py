@@ -17,7 +17,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import date
 from pathlib import Path
 from statistics import median
@@ -73,19 +73,40 @@ class TableSpec:
 # ---- the command line ----------------------------------------------------------------------
 
 
-def add_common(p: argparse.ArgumentParser, model: str | None = "bench-135m", plot=False) -> None:
-    """The options most benchmarks take: the model, ``--quick``, the seed, a chart."""
-    if model is not None:
-        p.add_argument("--model", default=model, help="any model argument (docs/models.md)")
+def add_options(p: argparse.ArgumentParser, cls: type, names: str = "", plot=False, **helps):
+    """A benchmark's options: ``--model`` and ``--seed`` where its frozen config ``cls`` has
+    those fields, the fields ``names`` (``add_fields``), ``--quick``, and ``--plot``."""
+    defaults = {f.name for f in fields(cls)}
+    helps.setdefault("model", "any model argument (docs/models.md)")
+    add_fields(p, cls, " ".join([n for n in ("model", "seed") if n in defaults] + [names]), **helps)
     p.add_argument("--quick", action="store_true", help="small sizes, for smoke tests")
-    p.add_argument("--seed", type=int, default=0)
     if plot:
         p.add_argument("--plot", help="write a PNG chart to this file")
 
 
-def configure(cls: Callable[..., T], args: argparse.Namespace, quick: dict, **fields) -> T:
-    """A benchmark's frozen config from ``fields``, shrunk by ``quick`` under ``--quick``."""
-    cfg = cls(**fields)
+def add_fields(p: argparse.ArgumentParser, cls: type, names: str, **helps) -> None:
+    """``--<field>`` for each field of ``cls`` in ``names`` (space-separated), its type and
+    default taken from ``cls`` (so they are written once): a tuple field takes several values,
+    a bool one is a switch; ``helps[field]`` is its help."""
+    defaults = {f.name: getattr(cls(), f.name) for f in fields(cls)}
+    for name in names.split():
+        value, flag = defaults[name], "--" + name.replace("_", "-")
+        how = {"help": helps.get(name, "default: %(default)s")}
+        if isinstance(value, bool):
+            p.add_argument(flag, action="store_true", **how)
+            continue
+        sample = value[0] if isinstance(value, tuple) else value
+        how["type"] = str if sample is None else type(sample)
+        how |= {"nargs": "+", "default": list(value)} if isinstance(value, tuple) else {}
+        p.add_argument(flag, **{"default": value, **how})
+
+
+def configure(cls: Callable[..., T], args: argparse.Namespace, quick: dict, **extra) -> T:
+    """The benchmark's frozen config from the options named after its fields (and ``extra``),
+    shrunk by ``quick`` under ``--quick``."""
+    given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+    cfg = cls(**(given | extra))
     return replace(cfg, **quick) if getattr(args, "quick", False) else cfg
 
 

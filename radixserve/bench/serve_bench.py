@@ -179,49 +179,24 @@ TABLES = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = ChatLoad()
-    p.add_argument("--requests", type=int, default=d.requests)
-    p.add_argument("--concurrency", type=int, default=d.concurrency)
-    p.add_argument(
-        "--request-rate", type=float, default=d.request_rate, help="req/s, Poisson; inf: at once"
-    )
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    p.add_argument("--system-prompts", type=int, default=d.system_prompts)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument(
-        "--configs",
-        nargs="*",
-        default=["mixed", "alternating"],
-        help="labels: mixed, alternating, off, chunk=N, itl=MS, joined by '+'",
-    )
+    helps = {
+        "configs": "labels: mixed, alternating, off, chunk=N, itl=MS, joined by '+'",
+        "url_model": "the model name --url servers expect",
+    }
+    report.add_options(p, ServeBenchConfig, "page_size configs rounds url_model", True, **helps)
+    names = "requests concurrency request_rate max_tokens system_prompts seed"
+    report.add_fields(p, ChatLoad, names, request_rate="req/s, Poisson; inf: at once")
     p.add_argument("--url", action="append", default=[], help="also load this server")
     p.add_argument("--url-label", action="append", default=[], help="its label (per --url)")
-    p.add_argument("--url-model", default=None, help="the model name --url servers expect")
-    p.add_argument("--rounds", type=int, default=1)
-    report.add_common(p, plot=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
+    load = report.configure(ChatLoad, args, {"requests": 8, "max_tokens": 4})
     labels = args.url_label + [f"url{i}" for i in range(len(args.url_label), len(args.url))]
-    load = ChatLoad(
-        requests=8 if args.quick else args.requests,
-        concurrency=args.concurrency,
-        request_rate=args.request_rate,
-        max_tokens=4 if args.quick else args.max_tokens,
-        system_prompts=args.system_prompts,
-        seed=args.seed,
-    )
-    cfg = ServeBenchConfig(
-        model="tiny" if args.quick else args.model,
-        load=load,
-        page_size=args.page_size,
-        configs=tuple(args.configs),
-        urls=tuple(zip(labels, args.url, strict=True)),
-        url_model=args.url_model,
-        rounds=args.rounds,
-    )
+    urls = tuple(zip(labels, args.url, strict=True))
+    cfg = report.configure(ServeBenchConfig, args, {"model": "tiny"}, load=load, urls=urls)
     with Progress(transient=True) as progress:
         task = progress.add_task("bench serve", total=load.requests * len(cfg.labels) * cfg.rounds)
         data = run_serve_bench(cfg, lambda: progress.advance(task))

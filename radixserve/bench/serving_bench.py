@@ -212,37 +212,18 @@ TABLES = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", nargs="+", default=["all"], help="names, or all")
-    p.add_argument(
-        "--configs",
-        nargs="+",
-        default=list(ServingBenchConfig.configs),
-        help=f"the first is compared with the others; any of {[*ENGINE_CONFIGS, *PEERS]}",
-    )
-    p.add_argument("--scale", type=float, default=1.0, help="multiplies request counts")
-    p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--vllm-python", help="python of a venv with vllm, for the vllm config")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--warm", action="store_true", help="time a pass over what a first cached")
-    report.add_common(p, plot=True)
+    names = "workloads configs scale max_tokens page_size rounds dtype warm vllm_python"
+    helps = {
+        "configs": f"the first is compared with the others; any of {[*ENGINE_CONFIGS, *PEERS]}",
+        "scale": "multiplies request counts",
+        "warm": "time a pass over what a first one cached",
+        "vllm_python": "python of a venv with vllm, for the vllm config",
+    }
+    report.add_options(p, ServingBenchConfig, names, plot=True, **helps)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = ServingBenchConfig(
-        model=args.model,
-        workloads=tuple(SERVING_WORKLOADS) if args.workload == ["all"] else tuple(args.workload),
-        configs=tuple(args.configs),
-        scale=0.25 if args.quick else args.scale,
-        max_tokens=args.max_tokens,
-        page_size=args.page_size,
-        rounds=args.rounds,
-        seed=args.seed,
-        vllm_python=args.vllm_python,
-        dtype=args.dtype,
-        warm=args.warm,
-    )
+    cfg = report.configure(ServingBenchConfig, args, {"scale": 0.25})
     total = len(cfg.workloads) * cfg.rounds * len(cfg.configs)
     result = report.with_progress("bench serving", total, lambda step: run_serving_bench(cfg, step))
 

@@ -154,14 +154,11 @@ QUICK = {"requests": 3, "document_lines": 8, "fields": 3, "max_tokens": 48, "rou
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--requests", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=2)
-    report.add_common(p, plot=True)
+    report.add_options(p, StructuredBenchConfig, "requests rounds", plot=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    fields = dict(model=args.model, requests=args.requests, rounds=args.rounds, seed=args.seed)
-    cfg = report.configure(StructuredBenchConfig, args, QUICK, **fields)
+    cfg = report.configure(StructuredBenchConfig, args, QUICK)
     total = 1 + len(CONFIGS) * cfg.rounds
     rows = report.with_progress(
         "bench structured", total, lambda step: run_structured_bench(cfg, step)

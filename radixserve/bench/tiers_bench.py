@@ -132,14 +132,11 @@ QUICK = {"prefix_tokens": 256, "rounds": 1, "restart_requests": 2, "system_token
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prefix-tokens", type=int, default=4096)
-    p.add_argument("--rounds", type=int, default=3)
-    report.add_common(p)
+    report.add_options(p, TiersBenchConfig, "prefix_tokens rounds")
 
 
 def run(args: argparse.Namespace) -> int:
-    fields = dict(model=args.model, prefix_tokens=args.prefix_tokens, rounds=args.rounds)
-    cfg = report.configure(TiersBenchConfig, args, QUICK, seed=args.seed, **fields)
+    cfg = report.configure(TiersBenchConfig, args, QUICK)
     result = report.with_progress(
         "bench tiers", cfg.rounds + 2, lambda step: run_tiers_bench(cfg, step)
     )

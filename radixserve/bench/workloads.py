@@ -5,7 +5,7 @@ Token ids are ``numpy.int32`` arrays, the form the cache compares fastest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,22 +15,11 @@ import numpy as np
 class Request:
     """One request of a workload: its prompt and how many tokens it asks for. Requests of
     wave ``k`` are sent once wave ``k - 1`` is done (a conversation's next turn, an agent's
-    next step, a tree's next level). ``output`` is the reply when the workload fixes it (for
-    serving through the tree without a model); ``conversation`` is what the request
-    continues."""
+    next step, a tree's next level)."""
 
     prompt: np.ndarray
     max_tokens: int
     wave: int = 0
-    output: np.ndarray | None = None
-    conversation: int = 0
-
-    @property
-    def sequence(self) -> np.ndarray:
-        """Prompt followed by output: what a finished request leaves in the cache."""
-        if self.output is None:
-            return self.prompt
-        return np.concatenate([self.prompt, self.output])
 
 
 @dataclass(frozen=True)
@@ -51,7 +40,7 @@ class Workload:
         return sum(len(r.prompt) for r in self.requests)
 
     def optimal_hit_rate(self, page_size: int = 1) -> float:
-        return optimal_hit_rate(((r.prompt, r.output) for r in self.requests), page_size)
+        return optimal_hit_rate(((r.prompt, None) for r in self.requests), page_size)
 
 
 def optimal_hit_rate(
@@ -78,54 +67,6 @@ def optimal_hit_rate(
         )
         cache.insert(seen, np.arange(len(seen)))
     return hits / total if total else 0.0
-
-
-@dataclass(frozen=True)
-class MultiTurnChat:
-    """Users chatting under a few long system prompts.
-
-    Each conversation starts from one of ``num_system_prompts`` prompts; turn ``t``'s prompt is
-    the system prompt plus every earlier user message and answer plus the new user message.
-    Conversations interleave in a seeded random order, turn by turn.
-    """
-
-    num_system_prompts: int = 4
-    system_prompt_len: int = 1024
-    num_conversations: int = 64
-    turns: int = 4
-    user_len: int = 48
-    output_len: int = 64
-    vocab_size: int = 32000
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("num_system_prompts", "num_conversations", "turns", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        for name in ("system_prompt_len", "user_len", "output_len"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
-
-    def requests(self) -> Iterator[Request]:
-        rng = np.random.default_rng(self.seed)
-        systems = [
-            self._tokens(rng, self.system_prompt_len) for _ in range(self.num_system_prompts)
-        ]
-        history = [systems[c % self.num_system_prompts] for c in range(self.num_conversations)]
-        for turn in range(self.turns):
-            for conv in rng.permutation(self.num_conversations).tolist():
-                prompt = np.concatenate([history[conv], self._tokens(rng, self.user_len)])
-                output = self._tokens(rng, self.output_len)
-                req = Request(prompt, len(output), turn, output, conv)
-                history[conv] = req.sequence
-                yield req
-
-    @property
-    def num_requests(self) -> int:
-        return self.num_conversations * self.turns
-
-    def _tokens(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.integers(0, self.vocab_size, n, dtype=np.int32)
 
 
 # ---- the serving suite's workloads (shapes after the SGLang paper, arXiv 2312.07104) ----

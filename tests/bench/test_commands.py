@@ -1,53 +1,11 @@
 import json
 from datetime import date
 
-import numpy as np
 import pytest
 
-from radixserve.bench.cache_bench import (
-    CacheBenchConfig,
-    TreeShape,
-    chat_through_tree,
-    run_cache_bench,
-)
-from radixserve.bench.workloads import MultiTurnChat
+from radixserve.bench.cache_bench import CacheBenchConfig, TreeShape, run_cache_bench
 from radixserve.cli import main
 from radixserve.cpu.native import native_available
-
-SMALL = MultiTurnChat(
-    num_system_prompts=2, system_prompt_len=64, num_conversations=6, turns=3, seed=3
-)
-
-
-def test_workload_is_seeded_and_each_turn_extends_the_last():
-    first = list(SMALL.requests())
-    again = list(SMALL.requests())
-    assert len(first) == SMALL.num_requests == 18
-    assert all(np.array_equal(a.prompt, b.prompt) for a, b in zip(first, again, strict=True))
-    last_sequence = {}
-    for req in first:
-        if req.conversation in last_sequence:
-            prev = last_sequence[req.conversation]
-            assert np.array_equal(req.prompt[: len(prev)], prev)
-        last_sequence[req.conversation] = req.sequence
-
-
-def test_the_chat_reaches_the_optimal_hit_rate_with_room_for_everything():
-    row = chat_through_tree(SMALL, page_size=16, capacity=None)
-    assert row["hit_rate"] == pytest.approx(row["optimal_hit_rate"]) and row["hit_rate"] > 0
-    # each turn hits the whole pages of the one before but its last reply token (never
-    # computed): 112 + 63 tokens after the first turn, 224 + 63 after the second; the first
-    # turns hit their system prompt (4 pages) but the first of each of the two
-    assert row["hit_tokens"] == 4 * 64 + 6 * (160 + 272)
-    assert row["evicted_tokens"] == 0
-    assert 0 < row["memory_saved"] < 1
-
-
-def test_the_chat_with_little_memory_evicts_and_hits_less():
-    roomy = chat_through_tree(SMALL, page_size=16, capacity=None)
-    tight = chat_through_tree(SMALL, page_size=16, capacity=512)
-    assert tight["evicted_tokens"] > 0 and tight["memory_saved"] is None
-    assert tight["hit_rate"] < roomy["hit_rate"] <= roomy["optimal_hit_rate"]
 
 
 def test_tree_shapes_hit_what_they_promise():
@@ -84,11 +42,11 @@ def test_cache_bench_rows(tmp_path):
 
 def test_bench_cache_command_writes_json(tmp_path, capsys):
     out = tmp_path / "cache.json"
-    args = ["bench", "cache", "--quick", "--page-sizes", "16", "--capacity", "2048"]
+    args = ["bench", "cache", "--quick", "--page-sizes", "16"]
     assert main([*args, "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert {r["op"] for r in data["rows"]} == {"match", "insert", "evict leaf"}
-    assert [r["kv_slots"] == 2048 for r in data["chat"]] == [False, True]
+    assert data["cpu_profile"]["features"] and data["machine"]["cores"] >= 1
     assert "p50" in capsys.readouterr().out
 
 
@@ -167,7 +125,6 @@ def test_bench_kernels_command_writes_json_and_plot(tmp_path, capsys):
     assert main([*args, "--plot", str(png)]) == 0
     data = json.loads(out.read_text())
     assert {r["kernel"] for r in data["rows"]} == {"decode", "extend", "cascade"}
-    assert len(data["matcher"]) == 2
     assert [r["case"] for r in data["linear"]] == ["1 rows x 2 layers", "5 rows x 2 layers"]
     for r in data["linear"]:
         assert r["native_ms"] > 0 and r["torch_ms"] > 0 and r["of_read_limit"] > 0

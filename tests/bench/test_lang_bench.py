@@ -17,7 +17,7 @@ def test_programs_reach_the_optimal_hit_rate_with_the_cache_and_none_without():
         model="tiny", few_shot_questions=10, tot_programs=1, tot_width=2, max_tokens=4
     )
     steps = []
-    rows = run_lang_bench(cfg, ["few-shot", "tree-of-thought"], steps.append)
+    rows = run_lang_bench(cfg, steps.append)
     assert len(steps) == 4
     by = {(r["program"], r["cache"]): r for r in rows}
     for program in ("few-shot", "tree-of-thought"):

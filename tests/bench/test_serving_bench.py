@@ -68,10 +68,10 @@ def test_each_configuration_is_compared_with_the_first_round_by_round(result):
 
 def test_bench_serving_command_writes_json_and_plot(tmp_path, capsys):
     out, png = tmp_path / "serving.json", tmp_path / "serving.png"
-    args = ["bench", "serving", "--model", "tiny", "--workload", "rag", "--scale", "0.25"]
+    args = ["bench", "serving", "--model", "tiny", "--workloads", "rag", "--scale", "0.25"]
     args += ["--max-tokens", "2", "--configs", "radix-lpm", "off", "--json", str(out)]
     assert main([*args, "--plot", str(png)]) == 0
     data = json.loads(out.read_text())
     assert {r["config"] for r in data["rows"]} == {"radix-lpm", "off"}
     assert png.stat().st_size > 0
-    assert main(["bench", "serving", "--model", "tiny", "--workload", "nope"]) == 2
+    assert main(["bench", "serving", "--model", "tiny", "--workloads", "nope"]) == 2
