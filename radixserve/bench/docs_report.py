@@ -10,7 +10,8 @@ line, then the reading, where each line
 becomes a table: the rows under KEY (default ``rows``) of ``docs/bench_<SOURCE>.json``, several
 sources' rows one after another (a LABEL goes into a first *CPU* column), kept where every
 field ``f`` matches one of its ``|``-separated glob patterns, in the named columns (else the
-registry's narrow set). The section's machine line comes from those JSONs.
+registry's narrow set). The section's machine line and the CPU profile the runs took come
+from those JSONs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from radixserve.bench.report import Column, machine, markdown_table
+from radixserve.cpu.profile import CpuProfile
 
 SECTIONS = ("demo", "serving", "vllm", "serve", "model", "kernels", "cache", "simulate", "tiers")
 SECTIONS += ("cluster", "lang", "structured")
@@ -77,7 +79,13 @@ def machine_line(cpu: str, runs: dict[str, dict]) -> str:
     names = each(lambda d: d.get("machine", {}).get("cpu", "?"))
     cores = each(lambda d: d.get("machine", {}).get("cores", "?"))
     dates = each(lambda d: d.get("measured", "?")).replace(" / ", ", ")
-    return f"*Machine: {names} ({cpu}), {cores} cores; measured {dates}.*"
+    line = f"*Machine: {names} ({cpu}), {cores} cores; measured {dates}.*"
+    profiles = dict.fromkeys(
+        CpuProfile.from_dict(d["cpu_profile"]).summary()
+        for d in runs.values()
+        if "cpu_profile" in d
+    )
+    return line + "".join(f"\n*CPU profile: {words}.*" for words in profiles)
 
 
 def section(docs: Path, key: str) -> list[str]:

@@ -95,6 +95,7 @@ def test_serving_workloads_are_seeded_and_know_their_optimal():
 def test_report_weaves_json_tables_into_the_notes(tmp_path):
     from radixserve.bench.docs_report import render
     from radixserve.bench.report import machine, write_json
+    from radixserve.cpu import probe_cpu_profile
 
     (tmp_path / "notes").mkdir()
     head = "title: DSL programs\ncommand: radixserve bench lang\ncpu: a test CPU\n"
@@ -114,6 +115,7 @@ def test_report_weaves_json_tables_into_the_notes(tmp_path):
     assert "| x | few-shot | off | 3 | 0.0% |" in both  # a labelled source: its own column
     assert f"{machine()['cpu']} (a test CPU)" in lang
     assert f"measured {date.today().isoformat()}" in lang
+    assert f"*CPU profile: {probe_cpu_profile().summary()}.*" in lang  # the paths it ran on
     assert "not measured yet" in text  # sections without JSON say so
     assert "cores" in text.split("\n## ")[0]  # the machines are described up front
 
