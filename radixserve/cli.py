@@ -54,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         chunked_prefill_size=args.chunked_prefill_size,
         mixed_batches=not args.no_mixed_batches,
         itl_target_ms=args.itl_target_ms,
+        itl_ratio=args.itl_ratio or None,
         enable_prefix_cache=not args.disable_prefix_cache,
         cache_index=args.cache_index,
         eviction_policy=args.eviction_policy,
@@ -127,6 +128,13 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="size each step's prefill to keep inter-token latency near this target",
+    )
+    p.add_argument(
+        "--itl-ratio",
+        type=float,
+        default=2.0,
+        help="a step prefilling beside decodes lasts at most this many times what they alone "
+        "take (0: no such cap, only the token budget)",
     )
     p.add_argument("--disable-prefix-cache", action="store_true")
     p.add_argument("--cache-index", default="radix", help="radix or block-hash")

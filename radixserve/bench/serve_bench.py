@@ -6,7 +6,8 @@ arrivals, at most ``concurrency`` streams open. Each configuration is a ``radixs
 child process (or any OpenAI-compatible server given by ``--url``, vLLM's for instance);
 configurations alternate round by round. A label names server flags, joined by ``+``:
 ``mixed`` (the defaults), ``alternating`` (``--no-mixed-batches``), ``off`` (no prefix
-cache), ``chunk=N`` (``--chunked-prefill-size``), ``itl=MS`` (``--itl-target-ms``). Rows
+cache), ``chunk=N`` (``--chunked-prefill-size``), ``itl=MS`` (``--itl-target-ms``), ``ratio=R``
+(``--itl-ratio``; 0: none). Rows
 are each figure's median over the rounds; pairs compare each configuration with the first,
 round by round. After each run the server audits its cache accounting and stops on SIGTERM.
 """
@@ -27,7 +28,7 @@ from radixserve.bench.report import Column, TableSpec, num, pct, times
 from radixserve.bench.workloads import optimal_hit_rate
 
 FLAGS = {"mixed": [], "alternating": ["--no-mixed-batches"], "off": ["--disable-prefix-cache"]}
-VALUED = {"chunk": "--chunked-prefill-size", "itl": "--itl-target-ms"}
+VALUED = {"chunk": "--chunked-prefill-size", "itl": "--itl-target-ms", "ratio": "--itl-ratio"}
 # Where servers empty their prefix cache: ours and SGLang's, vLLM's (VLLM_SERVER_DEV_MODE=1)
 FLUSH_ROUTES = ("/flush_cache", "/reset_prefix_cache")
 
@@ -180,7 +181,7 @@ TABLES = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     helps = {
-        "configs": "labels: mixed, alternating, off, chunk=N, itl=MS, joined by '+'",
+        "configs": "labels: mixed, alternating, off, chunk=N, itl=MS, ratio=R, joined by '+'",
         "url_model": "the model name --url servers expect",
     }
     report.add_options(p, ServeBenchConfig, "page_size configs rounds url_model", True, **helps)

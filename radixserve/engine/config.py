@@ -24,9 +24,12 @@ class EngineConfig:
     # steps carry every running decode plus prefill chunks (False: prefill and decode passes
     # take turns, and running requests wait while prompts prefill)
     mixed_batches: bool = True
-    # size each step's prefill so the step (every running request's inter-token latency)
-    # is predicted to take at most this long; None: the token budget alone
+    # size the prefill of a step carrying decodes so the step (every running request's
+    # inter-token latency) is predicted to take at most this long, and at most itl_ratio
+    # times what its decodes alone take (the ratio keeps the tail of inter-token latency
+    # near its median on any machine); None for both: the token budget alone
     itl_target_ms: float | None = None
+    itl_ratio: float | None = 2.0
     enable_prefix_cache: bool = True
     cache_index: str = "radix"  # or "block-hash": vLLM's way, kept for comparison
     # which unlocked leaf the tree evicts first: "lru", or "lfu" (with aging)
@@ -108,6 +111,8 @@ class EngineConfig:
             raise ValueError("cascade_min_shared must be >= 1")
         if self.itl_target_ms is not None and not self.itl_target_ms > 0:
             raise ValueError(f"itl_target_ms must be positive, got {self.itl_target_ms}")
+        if self.itl_ratio is not None and not self.itl_ratio > 1:
+            raise ValueError(f"itl_ratio must be above 1 (or None), got {self.itl_ratio}")
         if self.write_policy not in ("write_back", "write_through"):
             raise ValueError(
                 f"unknown write_policy {self.write_policy!r}; choose write_back or write_through"

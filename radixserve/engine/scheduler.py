@@ -5,7 +5,8 @@ every running request, then prefill chunks (unfinished chunked prefills first, t
 requests in policy order) within ``chunked_prefill_size`` tokens, decodes counted, so no
 running request stops generating while prompts prefill. Alternating
 (``mixed_batches=False``): a prefill pass when anything is to prefill, a decode pass
-otherwise. With ``itl_target_ms`` the prefill part is sized to the target by a cost model of
+otherwise. Under an ITL target (by default ``itl_ratio``: a step that prefills beside decodes
+lasts at most twice what they alone take) the prefill part is sized to it by a cost model of
 the step (``step_budget``). Only slot indices and token ids pass through here; tensors live
 in the model runner. A request's slots and its lock in the cache are the
 ``ReqCacheManager``'s to change.
@@ -58,10 +59,9 @@ class Scheduler:
         self.running: list[Req] = []
         self.rng = random.Random(config.seed)
         self.itl: ItlBudget | None = None
-        if config.itl_target_ms is not None:
-            self.itl = ItlBudget(
-                config.itl_target_ms / 1000, self.page, config.chunked_prefill_size
-            )
+        if config.itl_target_ms is not None or config.itl_ratio is not None:
+            target_s = None if config.itl_target_ms is None else config.itl_target_ms / 1000
+            self.itl = ItlBudget(self.page, config.chunked_prefill_size, target_s, config.itl_ratio)
 
     # ---- intake --------------------------------------------------------------------------
 

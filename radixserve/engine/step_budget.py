@@ -1,5 +1,8 @@
-"""How much prefill one step may carry: a token budget, and with an inter-token-latency target,
-the tokens a cost model of the step predicts will fit in the target.
+"""How much prefill one step may carry: a token budget, and under an inter-token-latency
+target, the tokens a cost model of the step predicts will fit in it. The target is a time
+(``itl_target_ms``), a multiple of what the step's decodes alone take (``itl_ratio``: the
+default, so a step that prefills beside decodes lasts at most that many decode steps, on a
+fast machine or a slow one), or the shorter of the two.
 
 A mixed step carries every running decode, so its length is every running request's
 inter-token latency. The model predicts a step's seconds as a linear function of its shape,
@@ -92,18 +95,31 @@ class StepCostModel:
 
 
 class ItlBudget:
-    """Sizes the prefill of each step that carries decodes to an inter-token-latency target;
-    a step without decodes has no one's latency to protect and takes the token budget whole.
-    Until the model has seen enough prefill steps it probes: the allowance doubles after a
-    step within the target and halves after one over it, so the first steps neither stall
-    decodes nor crawl."""
+    """Sizes the prefill of each step that carries decodes to an inter-token-latency target
+    (``target_s``, ``ratio`` times the decodes' own time, or the shorter); a step without
+    decodes has no one's latency to protect and takes the token budget whole. Until the
+    model has seen enough prefill steps it probes: the allowance doubles after a step within
+    the target and halves after one over it, so the first steps neither stall decodes nor
+    crawl (under a ratio, the last decode-only step stands for the decodes' time)."""
 
-    def __init__(self, target_s: float, page: int, max_tokens: int) -> None:
-        self.target_s = target_s
+    def __init__(
+        self, page: int, max_tokens: int, target_s: float | None = None, ratio: float | None = None
+    ) -> None:
+        if target_s is None and ratio is None:
+            raise ValueError("an ITL budget needs a target time or a ratio")
+        self.target_s = math.inf if target_s is None else target_s
+        self.ratio = ratio
         self.page = page
         self.max_tokens = max_tokens
         self.model = StepCostModel()
         self.probe = page
+        # the last decode-only step's seconds, for probing under a ratio (none seen yet: the
+        # probe holds at a page until one is, or until the model fits)
+        self.decode_s = 0.0
+
+    def target(self, decode_s: float) -> float:
+        """The longest a step may take whose decodes alone take ``decode_s``."""
+        return self.target_s if self.ratio is None else min(self.target_s, self.ratio * decode_s)
 
     def budget(self, tokens: int, decode_contexts: list[int]) -> PrefillBudget:
         if not decode_contexts:
@@ -111,12 +127,14 @@ class ItlBudget:
         if not self.model.fitted:
             return PrefillBudget(min(tokens, self.probe), self.page)
         decode = self.model.predict(step_features((), decode_contexts))
-        return PrefillBudget(tokens, self.page, self.model, self.target_s - decode)
+        return PrefillBudget(tokens, self.page, self.model, self.target(decode) - decode)
 
     def observe(self, features: np.ndarray, seconds: float) -> None:
         self.model.observe(features, seconds)
+        if not features[1] and features[2]:
+            self.decode_s = seconds
         if features[1] and features[2]:  # a step that prefilled beside decodes
-            grow = seconds <= self.target_s
+            grow = seconds <= self.target(self.decode_s)
             self.probe = min(self.max_tokens, self.probe * 2) if grow else self.probe // 2
             self.probe = max(self.page, self.probe)
 

@@ -1,5 +1,5 @@
 """Mixed prefill+decode steps change when tokens come, never which: greedy outputs equal
-transformers' with mixed steps on and off, with an ITL target, with the cache on and off,
+transformers' with mixed steps on and off, with an ITL target or ratio, with the cache on and off,
 under preemption and chunking, at page sizes 1 and 16; logprobs, parallel samples, stop
 strings and seeds are what the alternating engine gives."""
 
@@ -10,7 +10,8 @@ from tests.e2e.engine_runs import run, workload
 
 MODES = {
     "alternating": {"mixed_batches": False},
-    "mixed": {},
+    "mixed": {"itl_ratio": None},  # the token budget alone
+    "mixed-ratio": {},  # the default: at most twice the decodes' time
     "mixed-itl": {"itl_target_ms": 5.0},
 }
 
@@ -69,7 +70,7 @@ def outputs(**options) -> list[dict]:
 
 def test_logprobs_samples_stops_and_seeds_do_not_depend_on_the_step_mode():
     alternating = outputs(mixed_batches=False)
-    for mixed in (outputs(), outputs(itl_target_ms=5.0)):
+    for mixed in (outputs(), outputs(itl_ratio=None), outputs(itl_target_ms=5.0)):
         assert len(mixed) == len(alternating) == 9  # n=3 gives three outputs
         for a, b in zip(alternating, mixed, strict=True):
             assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"]

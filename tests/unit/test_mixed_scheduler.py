@@ -105,7 +105,7 @@ def step_seconds(batch) -> float:
 @pytest.mark.parametrize("target_ms", [12.0, 40.0])
 def test_the_itl_target_is_followed_when_step_time_is_a_function_of_the_batch(target_ms):
     rng = np.random.default_rng(5)
-    h = Harness(page_size=4, chunked_prefill_size=2048, itl_target_ms=target_ms)
+    h = Harness(page_size=4, chunked_prefill_size=2048, itl_target_ms=target_ms, itl_ratio=None)
     long_outputs(h, 16, rng, max_new_tokens=400)
     times, fitted = [], []
     for _ in range(80):
@@ -126,9 +126,30 @@ def test_the_itl_target_is_followed_when_step_time_is_a_function_of_the_batch(ta
     assert h.metrics.prefill_budget_tokens > 0
 
 
+def test_under_the_ratio_a_step_lasts_at_most_twice_its_decodes_and_fills_that():
+    rng = np.random.default_rng(8)
+    h = Harness(page_size=4, chunked_prefill_size=2048, itl_ratio=2.0)
+    decoding = long_outputs(h, 16, rng, max_new_tokens=400)
+    for _ in range(3):  # a few decode-only steps: what the decodes alone take
+        h.scheduler.observe(batch := h.step(), step_seconds(batch))
+    ratios = []
+    for _ in range(80):
+        while len(h.scheduler.waiting) < 3:
+            h.add(rng.integers(3, 900, 300).tolist(), max_new_tokens=2)
+        batch = h.step()
+        h.scheduler.observe(batch, step_seconds(batch))
+        decodes = [w.end for w in batch.work if w.decode]
+        assert set(decoding) <= {w.req for w in batch.work}  # nobody stops generating
+        if h.scheduler.itl.model.fitted:
+            ratios.append(step_seconds(batch) / float(step_features((), decodes) @ FAKE_COEF))
+    assert len(ratios) > 60
+    assert max(ratios[20:]) <= 2.0 * 1.001
+    assert np.median(ratios) >= 2.0 * 0.9  # and prefill takes what the ratio leaves
+
+
 def test_a_step_without_decodes_takes_the_whole_token_budget_under_a_target():
     rng = np.random.default_rng(9)
-    h = Harness(page_size=4, chunked_prefill_size=2048, itl_target_ms=1.0)
+    h = Harness(page_size=4, chunked_prefill_size=2048, itl_target_ms=1.0, itl_ratio=None)
     prompt = rng.integers(3, 900, 300).tolist()
     req = h.add(prompt, max_new_tokens=2)
     batch = h.step()  # nobody decodes: no one's latency to protect
@@ -139,7 +160,7 @@ def test_a_step_without_decodes_takes_the_whole_token_budget_under_a_target():
 
 def test_below_a_target_the_decodes_alone_exceed_prefill_still_moves_a_page_a_step():
     rng = np.random.default_rng(6)
-    h = Harness(page_size=4, itl_target_ms=1.0)  # 2 ms of fixed cost alone
+    h = Harness(page_size=4, itl_target_ms=1.0, itl_ratio=None)  # 2 ms of fixed cost alone
     long_outputs(h, 4, rng, max_new_tokens=300)
     late = h.add(rng.integers(3, 900, 81).tolist(), max_new_tokens=1)
     steps = 0

@@ -63,6 +63,7 @@ def finish_at_length(req: Req) -> None:
 
 class Harness:
     def __init__(self, cache: str = "radix", slots: int = 4096, rule=None, **options) -> None:
+        options.setdefault("itl_ratio", None)  # the token budget's own rules, unless asked
         self.config = EngineConfig(**options)
         page = self.config.page_size
         self.allocator = KVSlotAllocator(slots, page)
