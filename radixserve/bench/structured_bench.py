@@ -113,7 +113,10 @@ def run_once(engine: Engine, cfg, label: str, lengths: list[int] = ()) -> dict:
 
 
 def run_structured_bench(cfg: StructuredBenchConfig, step: Step) -> list[dict]:
-    with Engine(cfg.model, page_size=cfg.page_size, seed=cfg.seed) as engine:
+    # steps sized by the token budget alone: an ITL ratio sizes them by measured time, and
+    # the free runs must take the very steps the constrained ones took
+    options = dict(page_size=cfg.page_size, seed=cfg.seed, itl_ratio=None)
+    with Engine(cfg.model, **options) as engine:
         # warm-up: compiles every schema and fixes the lengths the free runs are held to
         lengths = run_once(engine, cfg, "constrained")["lengths"]
         step("warm-up")
