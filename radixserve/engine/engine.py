@@ -195,6 +195,17 @@ class Engine:
         """The CPU paths this engine's model runs on (None on a GPU)."""
         return self.runner.cpu_profile
 
+    @property
+    def weights(self) -> dict:
+        """The model's weights as served (dtype, parameter bytes) and as the file stored them
+        (tensors by format: a GGUF's quantized ones are widened at load)."""
+        params = list(self.runner.loaded.model.parameters())
+        return {
+            "dtype": str(params[0].dtype).removeprefix("torch."),
+            "bytes": sum(p.numel() * p.element_size() for p in params),
+            "file_formats": self.runner.loaded.file_formats,
+        }
+
     def cache_stats(self) -> dict:
         """Prefix-cache and serving metrics, read on the scheduler thread."""
 

@@ -7,7 +7,8 @@ checkpoint is never held twice in memory.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,9 @@ class LoadedModel:
     hf_config: Any
     tokenizer: Any
     eos_token_ids: tuple[int, ...]
+    # tensors by the format the file stores them in (a GGUF's "Q4_1", "F32"...), before
+    # they were widened to the model's dtype; empty where the source does not say
+    file_formats: dict[str, int] = field(default_factory=dict)
 
 
 def build_model(hf_config: Any, dtype: torch.dtype, device: torch.device | str) -> LlamaForCausalLM:
@@ -71,7 +75,10 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> Loa
     tokenizer = gguf_tokenizer(ckpt, radixserve_home() / "tokenizers")
     model = build_model(ckpt.hf_config, dtype, device)
     load_gguf_weights(model, ckpt)
-    return LoadedModel(model, model.config, ckpt.hf_config, tokenizer, ckpt.eos_token_ids)
+    formats = Counter(t.tensor_type.name for t in ckpt.tensors.values())
+    return LoadedModel(
+        model, model.config, ckpt.hf_config, tokenizer, ckpt.eos_token_ids, dict(formats)
+    )
 
 
 def load_model_config(spec: str | Path) -> ModelConfig:

@@ -43,6 +43,7 @@ async def server_info(request: Request):
         "context_len": engine.context_len,
         "chat_format": state.chat_format,
         "cpu_profile": engine.cpu_profile.to_dict() if engine.cpu_profile else None,
+        "weights": engine.weights,
         **stats,
     }
 

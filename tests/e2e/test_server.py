@@ -145,7 +145,9 @@ def test_native_and_operational_routes(server):
         "radixserve_e2e_request_latency_seconds_count",
     ):
         assert name in metrics
-    assert "token_hit_rate" in httpx.get(url + "/server_info").json()
+    info = httpx.get(url + "/server_info").json()
+    assert "token_hit_rate" in info
+    assert info["weights"]["dtype"] == "float32" and info["weights"]["bytes"] > 0
     assert httpx.post(url + "/flush_cache").json() == {"flushed": True}
 
 

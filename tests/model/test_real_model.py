@@ -64,6 +64,14 @@ def test_greedy_tokens_equal_transformers_on_the_same_file(engine, hf_model):
     assert sum(len(o["token_ids"]) for o in ours) > 100  # real continuations, not early stops
 
 
+def test_the_weights_say_what_the_file_stored_and_what_is_served(engine):
+    weights = engine.weights
+    assert weights["dtype"] == "float32"
+    assert weights["file_formats"]["Q4_1"] > 0  # the file's quantized tensors, widened
+    params = engine.runner.loaded.model.parameters()
+    assert weights["bytes"] == sum(p.numel() * 4 for p in params) > 100e6 * 4
+
+
 def test_the_capital_of_france(engine):
     ids = engine.apply_chat_template(CHATS[0])
     out = engine.generate(
