@@ -76,9 +76,9 @@ class TableSpec:
 def add_options(p: argparse.ArgumentParser, cls: type, names: str = "", plot=False, **helps):
     """A benchmark's options: ``--model`` and ``--seed`` where its frozen config ``cls`` has
     those fields, the fields ``names`` (``add_fields``), ``--quick``, and ``--plot``."""
-    defaults = {f.name for f in fields(cls)}
+    own = {f.name for f in fields(cls)}
     helps.setdefault("model", "any model argument (docs/models.md)")
-    add_fields(p, cls, " ".join([n for n in ("model", "seed") if n in defaults] + [names]), **helps)
+    add_fields(p, cls, " ".join([n for n in ("model", "seed") if n in own] + [names]), **helps)
     p.add_argument("--quick", action="store_true", help="small sizes, for smoke tests")
     if plot:
         p.add_argument("--plot", help="write a PNG chart to this file")

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 
 from radixserve.cache import create_prefix_cache
@@ -70,7 +70,8 @@ class Engine:
             self._ready.set()
         # A daemon thread still inside a native op when the interpreter finalizes aborts the
         # process, so a script that never calls shutdown() stops the loop at exit.
-        self._at_exit = _shutdown_at_exit(weakref.ref(self))
+        shutdown = weakref.WeakMethod(self.shutdown)  # the exit hook keeps no engine alive
+        self._at_exit = lambda: (stop := shutdown()) is not None and stop()
         atexit.register(self._at_exit)
 
     def _setup(self) -> None:
@@ -199,12 +200,7 @@ class Engine:
     def weights(self) -> dict:
         """The model's weights as served (dtype, parameter bytes) and as the file stored them
         (tensors by format: a GGUF's quantized ones are widened at load)."""
-        params = list(self.runner.loaded.model.parameters())
-        return {
-            "dtype": str(params[0].dtype).removeprefix("torch."),
-            "bytes": sum(p.numel() * p.element_size() for p in params),
-            "file_formats": self.runner.loaded.file_formats,
-        }
+        return self.runner.loaded.weights()
 
     def cache_stats(self) -> dict:
         """Prefix-cache and serving metrics, read on the scheduler thread."""
@@ -353,12 +349,3 @@ class Engine:
         self._reqs.pop(req.rid, None)
         if listener is not None:
             listener(req, True)
-
-
-def _shutdown_at_exit(ref: weakref.ref[Engine]) -> Callable[[], None]:
-    def stop() -> None:
-        engine = ref()
-        if engine is not None:
-            engine.shutdown()
-
-    return stop

@@ -131,9 +131,11 @@ class ItlBudget:
 
     def observe(self, features: np.ndarray, seconds: float) -> None:
         self.model.observe(features, seconds)
-        if not features[1] and features[2]:
+        if not features[2]:  # nothing decoded: no one's latency to learn from
+            return
+        if not features[1]:  # decodes alone
             self.decode_s = seconds
-        if features[1] and features[2]:  # a step that prefilled beside decodes
+        else:  # a step that prefilled beside decodes
             grow = seconds <= self.target(self.decode_s)
             self.probe = min(self.max_tokens, self.probe * 2) if grow else self.probe // 2
             self.probe = max(self.page, self.probe)

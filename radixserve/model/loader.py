@@ -36,6 +36,15 @@ class LoadedModel:
     # they were widened to the model's dtype; empty where the source does not say
     file_formats: dict[str, int] = field(default_factory=dict)
 
+    def weights(self) -> dict:
+        """The weights as served (dtype, parameter bytes) and as the file stored them."""
+        params = list(self.model.parameters())
+        return {
+            "dtype": str(params[0].dtype).removeprefix("torch."),
+            "bytes": sum(p.numel() * p.element_size() for p in params),
+            "file_formats": self.file_formats,
+        }
+
 
 def build_model(hf_config: Any, dtype: torch.dtype, device: torch.device | str) -> LlamaForCausalLM:
     """An uninitialised model (storage allocated, values arbitrary) of ``hf_config``'s shape."""
