@@ -1,6 +1,7 @@
 """``radixserve bench model``: our forward over the paged pool against transformers' forward.
 
-Both run the same weights in the same process, alternating call by call so machine drift
+Both run the same weights in the same process (quantized ones, ``--quantize``, against
+transformers on their dequantized values), alternating call by call so machine drift
 hits both alike. Prefill is one prompt from scratch (transformers computes only the last
 token's logits too); decode is one new token for each of ``batch`` requests with
 ``context`` tokens already cached (transformers with its ``DynamicCache``, which has no
@@ -12,6 +13,7 @@ read (the weights once, the cached K/V) at a read-only probe's bandwidth.
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -28,14 +30,15 @@ from radixserve.cpu import probe_cpu_profile
 from radixserve.memory import KVSlotAllocator
 from radixserve.memory.host_malloc import keep_freed_memory
 from radixserve.memory.kv_pool import KVPool
-from radixserve.model.loader import LoadedModel
-from radixserve.model.presets import load_preset
+from radixserve.model.loader import LoadedModel, load_model
+from radixserve.model.quantized_model import quantized_modules
 
 
 @dataclass(frozen=True)
 class ModelBenchConfig:
-    model: str = "bench-135m"  # a preset: random weights, no download
+    model: str = "bench-135m"  # a preset (random weights), a named model or a GGUF file
     dtypes: tuple[str, ...] = ("bfloat16", "float32")
+    quantize: tuple[str, ...] = ("none",)  # each of: none, auto (a GGUF's own), int8, int4
     prefill_lens: tuple[int, ...] = (512, 2048)
     decode_batches: tuple[int, ...] = (1, 8, 32)
     context: int = 1024
@@ -96,14 +99,20 @@ def read_bytes(loaded: LoadedModel, cached_tokens: int, logit_rows: int) -> int:
     """Bytes a forward must read at least: every decoder layer's projection weights once,
     the output weight when it computes logits, ``cached_tokens`` tokens' K/V in every layer."""
     cfg, model = loaded.config, loaded.model
-    weights = sum(
-        m.weight.numel()
-        for name, m in model.named_modules()
-        if name.startswith("model.layers.") and isinstance(m, torch.nn.Linear)
-    )
-    weights += model.output_weight.numel() if logit_rows else 0
+    size = next(model.parameters()).element_size()
+    quantized = quantized_modules(model)
+
+    def nbytes(name: str, module: torch.nn.Module) -> int:
+        if name in quantized:
+            return module.quant.nbytes
+        return module.weight.numel() * size if isinstance(module, torch.nn.Linear) else 0
+
+    weights = sum(nbytes(n, m) for n, m in model.named_modules() if n.startswith("model.layers."))
+    if logit_rows:
+        head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
+        weights += nbytes(head, model.get_submodule(head)) or model.output_weight.numel() * size
     kv = cached_tokens * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim
-    return (weights + kv) * next(model.parameters()).element_size()
+    return weights + kv * size
 
 
 def run_model_bench(cfg: ModelBenchConfig, step: Step = lambda label: None) -> list[dict]:
@@ -111,9 +120,10 @@ def run_model_bench(cfg: ModelBenchConfig, step: Step = lambda label: None) -> l
     keep_freed_memory()  # as the engine does (process-wide, so transformers' side gains too)
     read_rate = BandwidthProbe().measure()
     rows = []
-    for dtype in cfg.dtypes:
-        loaded = load_preset(cfg.model, dtype=getattr(torch, dtype))
+    for dtype, quantize in itertools.product(cfg.dtypes, cfg.quantize):
+        loaded = load_model(cfg.model, getattr(torch, dtype), quantize=quantize)
         ours, theirs = _Ours(loaded, cfg), transformers_twin(loaded)
+        weights = _weights_label(loaded, dtype)
         # refuse to time two models that do not compute the same thing
         ids = rng.integers(0, loaded.config.vocab_size, 24).astype(np.int64)
         mine, ref = ours.prefill(ids), prefill(theirs, ids).float()
@@ -122,31 +132,37 @@ def run_model_bench(cfg: ModelBenchConfig, step: Step = lambda label: None) -> l
                 f"our logits differ from transformers' by {(mine - ref).abs().max()}"
             )
         for n in cfg.prefill_lens:
-            step(f"{dtype} prefill {n}")
+            step(f"{weights} prefill {n}")
             ids = rng.integers(0, loaded.config.vocab_size, n).astype(np.int64)
             calls = {"ours": partial(ours.prefill, ids), "theirs": partial(prefill, theirs, ids)}
             read = read_bytes(loaded, 0, 1) / read_rate
             rows.append(
-                _row(dtype, f"prefill {n}", n, report.time_alternating(calls, cfg.reps), read)
+                _row(weights, f"prefill {n}", n, report.time_alternating(calls, cfg.reps), read)
             )
         for b in cfg.decode_batches:
-            step(f"{dtype} decode batch {b}")
+            step(f"{weights} decode batch {b}")
             calls = {
                 "ours": ours.decoder(b, cfg.context),
                 "theirs": decoder(theirs, b, cfg.context),
             }
             read = read_bytes(loaded, b * cfg.context, b) / read_rate
             t = report.time_alternating(calls, cfg.decode_steps)
-            rows.append(_row(dtype, f"decode {b} x {cfg.context}", b, t, read))
+            rows.append(_row(weights, f"decode {b} x {cfg.context}", b, t, read))
         for row in rows:
             row.setdefault("attention", ours.backend.name)
     return rows
 
 
-def _row(dtype: str, case: str, tokens: int, t: dict[str, float], read: float) -> dict:
+def _weights_label(loaded: LoadedModel, dtype: str) -> str:
+    """The weights' formats as served: the dtype, or the quantized formats beside it."""
+    formats = loaded.weights()["quantized"]
+    return "+".join(sorted(formats)) if formats else dtype
+
+
+def _row(weights: str, case: str, tokens: int, t: dict[str, float], read: float) -> dict:
     """``t``: median seconds of ours and theirs; ``read``: seconds to read what it must."""
     return {
-        "dtype": dtype,
+        "weights": weights,
         "case": case,
         "ours_tok_s": tokens / t["ours"],
         "transformers_tok_s": tokens / t["theirs"],
@@ -162,7 +178,7 @@ TABLES = (
         "rows",
         "forward throughput (tokens/s, medians of alternating calls)",
         (
-            Column("dtype", "dtype"),
+            Column("weights", "weights"),
             Column("case", "case"),
             Column("attention", "attention", wide=True),
             Column("ours_tok_s", "ours", num(0)),
@@ -185,12 +201,14 @@ QUICK = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     helps = {"attention_backend": "auto, torch or native"}
-    report.add_options(p, ModelBenchConfig, "dtypes attention_backend", **helps)
+    helps["quantize"] = "none, auto (a GGUF file's own formats), int8, int4"
+    report.add_options(p, ModelBenchConfig, "dtypes quantize attention_backend", **helps)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = report.configure(ModelBenchConfig, args, QUICK)
-    total = len(cfg.dtypes) * (len(cfg.prefill_lens) + len(cfg.decode_batches))
+    cases = len(cfg.dtypes) * len(cfg.quantize)
+    total = cases * (len(cfg.prefill_lens) + len(cfg.decode_batches))
     rows = report.with_progress("bench model", total, lambda step: run_model_bench(cfg, step))
     print(f"{cfg.model}, {torch.get_num_threads()} threads")
     return report.finish(args, cfg, {"rows": rows}, TABLES)

@@ -13,15 +13,20 @@ import torch
 
 from radixserve.bench.workloads import Workload
 from radixserve.model.loader import LoadedModel
+from radixserve.model.quantized_model import quantized_modules
 
 
 def transformers_twin(loaded: LoadedModel):
-    """transformers' model for the same config, holding the same weights."""
+    """transformers' model for the same config, holding the same weights (quantized ones as
+    their values in the float dtype)."""
     from transformers import AutoModelForCausalLM
 
     dtype = next(loaded.model.parameters()).dtype
     hf = AutoModelForCausalLM.from_config(loaded.hf_config, dtype=dtype)
-    missing, unexpected = hf.load_state_dict(loaded.model.state_dict(), strict=False)
+    state = loaded.model.state_dict()
+    for name, module in quantized_modules(loaded.model).items():
+        state[f"{name}.weight"] = module.quant.dequantize().to(dtype)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
         raise RuntimeError(f"weights do not line up: {missing[:3]} {unexpected[:3]}")
     hf.tie_weights()

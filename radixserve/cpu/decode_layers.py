@@ -21,57 +21,62 @@ from torch import nn
 from radixserve.cpu.native import load_native
 from radixserve.cpu.paged_plan import NativeMetadata
 from radixserve.cpu.profile import CpuProfile
+from radixserve.cpu.quant_linear import QuantMatrix
 
 
 @dataclass(frozen=True)
 class DecodeLayers:
-    """Every layer's norms and panels in ``decode_layers``' order, and the shapes."""
+    """Every layer's norms and projections in ``decode_layers``' order, and the shapes."""
 
-    weights: tuple[torch.Tensor, ...]
+    norms: tuple[torch.Tensor, ...]
+    projections: tuple[tuple, ...]  # (panels or codes, scales, offsets, group, bits, zero)
     heads: int
     kv_heads: int
     head_dim: int
     intermediate: int
     eps: float
-    panel_rows: int  # the most rows the panels take in this dtype
+    max_rows: int  # the most rows its projections take (panels' or quantized weights' bound)
 
     @classmethod
     def build(cls, model: nn.Module, profile: CpuProfile) -> DecodeLayers | None:
-        """From a Llama-family model whose weights are packed (``pack_weights``), or None
-        where a layer has what the loop lacks (biases, q/k norms, a projection off panels)."""
-        cfg, paths = model.config, profile.paths(model.output_weight.dtype)
+        """From a Llama-family model whose weights are packed (``pack_weights``) or quantized,
+        or None where a layer has what the loop lacks (biases, q/k norms, a projection that
+        is neither on panels nor quantized)."""
+        dtype = model.model.norm.weight.dtype
+        cfg, paths = model.config, profile.paths(dtype)
         if (
             not profile.native
             or paths is None
+            or (dtype == torch.bfloat16 and not profile.features.bf16_dot)
             or cfg.qkv_bias
             or cfg.o_bias
             or cfg.mlp_bias
             or cfg.qk_norm
         ):
             return None
-        weights: list[torch.Tensor] = []
+        norms: list[torch.Tensor] = []
+        projections: list[tuple] = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            projections = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)
-            if any(p is None or p.packed is None or p.packed.panels is None for p in projections):
+            parts = [_projection(p) for p in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)]
+            if any(p is None for p in parts):
                 return None
-            weights += [
-                layer.input_layernorm.weight.detach(),
-                attn.qkv.packed.panels,
-                attn.o_proj.packed.panels,
-                layer.post_attention_layernorm.weight.detach(),
-                mlp.gate_up.packed.panels,
-                mlp.down_proj.packed.panels,
-            ]
+            norms += [layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight]
+            projections += parts
         eps = model.model.layers[0].input_layernorm.eps
+        bounds = (paths.panel_rows if p[1] is None else profile.quant_rows for p in projections)
+        max_rows = min(bounds)
+        if max_rows <= 0:
+            return None
         return cls(
-            tuple(weights),
+            tuple(n.detach() for n in norms),
+            tuple(projections),
             cfg.num_heads,
             cfg.num_kv_heads,
             cfg.head_dim,
             cfg.intermediate_size,
             eps,
-            paths.panel_rows,
+            max_rows,
         )
 
     def __call__(
@@ -84,7 +89,7 @@ class DecodeLayers:
         """``(the last layer's MLP output, the residual stream)`` for the embeddings ``x``
         of a decode step the loop takes, else None (nothing done). ``batch`` and
         ``backend``: the forward's ``ForwardBatch`` and attention backend."""
-        if len(x) > self.panel_rows or not batch.is_decode or batch.return_all_logits:
+        if len(x) > self.max_rows or not batch.is_decode or batch.return_all_logits:
             return None
         meta = batch.attn_metadata
         if not isinstance(meta, NativeMetadata) or not meta.plan_only or meta.plan is None:
@@ -93,7 +98,8 @@ class DecodeLayers:
         cos, sin = (t.reshape(len(x), self.head_dim).contiguous() for t in cos_sin)
         return load_native().decode_layers(
             x,
-            self.weights,
+            self.norms,
+            self.projections,
             pool.k,
             pool.v,
             cos,
@@ -111,3 +117,14 @@ class DecodeLayers:
             self.eps,
             backend.scale,
         )
+
+
+def _projection(p: Any) -> tuple | None:
+    """A projection as ``decode_layers`` takes it: its panels, or its quantized weight."""
+    quant = getattr(p, "quant", None)
+    if isinstance(quant, QuantMatrix):
+        return quant.codes, quant.scale, quant.offset, quant.group, quant.bits, quant.zero
+    packed = getattr(p, "packed", None)
+    if packed is None or packed.panels is None:
+        return None
+    return packed.panels, None, None, 0, 0, 0

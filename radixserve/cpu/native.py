@@ -33,6 +33,8 @@ SOURCES = (
     "paged_few.cpp",
     "panel_linear.cpp",
     "prefix_match.cpp",
+    "quant_linear.cpp",
+    "quant_ops.cpp",
 )
 SOURCE_DIR = Path(__file__).parent / "csrc"
 DISABLE_ENV = "RADIXSERVE_NATIVE"

@@ -76,6 +76,7 @@ class CpuProfile:
     few_rows: int = 128  # float32 rows up to which torch multiplies weight-first
     dense_min_queries: int = 96  # queries per KV head from which a group member makes a block
     cascade_min_queries: int = 32  # queries per KV head from which a group stays a cascade
+    quant_rows: int = 32  # rows up to which a quantized weight multiplies from its codes
 
     def paths(self, dtype: torch.dtype) -> DtypePaths | None:
         """The paths of ``dtype``, or None where it has no fast path (torch's own ops)."""

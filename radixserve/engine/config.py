@@ -42,6 +42,10 @@ class EngineConfig:
     cascade_min_shared: int = 64
     dtype: str = "float32"
     device: str = "cpu"
+    # which weights stay or become quantized (``radixserve.model.quantized_model``): "auto"
+    # serves a GGUF file's quantized tensors as they are, "none" widens them to ``dtype``,
+    # "int8" / "int4" also quantize float projections at load (CPU)
+    quantize: str = "auto"
     seed: int = 0
     # keep freed host memory for reuse (glibc's mmap/trim thresholds and one arena,
     # process-wide): CPU forward passes stop faulting in fresh pages for every temporary
@@ -97,6 +101,9 @@ class EngineConfig:
             raise ValueError("the block-hash index evicts in LRU order only")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {DTYPES}")
+        from radixserve.model.quantized_model import check_quantize  # torch: not at import
+
+        check_quantize(self.quantize, self.device)
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_total_tokens is not None and self.mem_fraction is not None:

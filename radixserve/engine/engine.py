@@ -198,8 +198,8 @@ class Engine:
 
     @property
     def weights(self) -> dict:
-        """The model's weights as served (dtype, parameter bytes) and as the file stored them
-        (tensors by format: a GGUF's quantized ones are widened at load)."""
+        """The model's weights as served (float dtype, bytes, tensors kept quantized by
+        format) and as the file stored them (tensors by format)."""
         return self.runner.loaded.weights()
 
     def cache_stats(self) -> dict:

@@ -31,7 +31,7 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device)
         self.loaded = load_model(
-            config.model, dtype=getattr(torch, config.dtype), device=self.device
+            config.model, getattr(torch, config.dtype), self.device, config.quantize
         )
         self.cpu_profile = _cpu_profile(config.cpu_profile) if self.device.type == "cpu" else None
         if self.cpu_profile is not None:

@@ -10,6 +10,7 @@ converter, run once per file and kept (``gguf_tokenizer``).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -25,6 +26,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from gguf.quants import dequantize as gguf_dequantize
 
 from radixserve.model.config import ModelConfig
+from radixserve.model.quantized import QuantizedWeight, from_gguf
 
 # GGUF architecture -> the transformers architecture whose decoder ours matches
 ARCHITECTURES = {
@@ -250,18 +252,40 @@ def dequantize(tensor: Any) -> torch.Tensor:
     return torch.from_numpy(values).reshape(shape)
 
 
-def load_gguf_weights(model: torch.nn.Module, ckpt: GGUFCheckpoint) -> None:
-    """Copy every tensor of ``ckpt`` into ``model`` (built from ``ckpt.hf_config``)."""
+def load_gguf_weights(
+    model: torch.nn.Module, ckpt: GGUFCheckpoint, skip: set[str] = frozenset()
+) -> None:
+    """Copy every tensor of ``ckpt`` but ``skip`` into ``model`` (built from
+    ``ckpt.hf_config``), dequantized to the model's dtype."""
     params = dict(model.named_parameters())
-    cfg = model.config
     with torch.no_grad():
         for name, tensor in ckpt.tensors.items():
-            values = dequantize(tensor)
-            # llama.cpp's converter interleaves Llama's q and k rows for its rope kernel
-            if ckpt.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-                heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
-                values = unpermute_rows(values, heads)
-            params[name].copy_(values)
+            if name not in skip:
+                params[name].copy_(_our_rows(ckpt, name, dequantize(tensor)))
+
+
+def quantized_tensor(ckpt: GGUFCheckpoint, name: str) -> QuantizedWeight:
+    """Tensor ``name`` of ``ckpt`` repacked as it is (``model.quantized``), rows in our order."""
+    tensor = ckpt.tensors[name]
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    weight = from_gguf(tensor.data, tensor.tensor_type, shape)
+    order = _our_rows(ckpt, name, torch.arange(shape[0]).unsqueeze(1)).squeeze(1).numpy()
+    if (order == np.arange(shape[0])).all():
+        return weight
+    offset = None if weight.offset is None else weight.offset[order]
+    return dataclasses.replace(
+        weight, codes=weight.codes[order], scale=weight.scale[order], offset=offset
+    )
+
+
+def _our_rows(ckpt: GGUFCheckpoint, name: str, values: torch.Tensor) -> torch.Tensor:
+    """``values`` (a weight's rows) in our order: llama.cpp's converter interleaves Llama's
+    q and k rows for its rope kernel."""
+    if ckpt.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        cfg = ckpt.hf_config
+        heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+        return unpermute_rows(values, heads)
+    return values
 
 
 def unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:

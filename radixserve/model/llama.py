@@ -17,6 +17,13 @@ from radixserve.cpu import CpuProfile
 from radixserve.cpu.decode_layers import DecodeLayers
 from radixserve.cpu.elementwise import rms_norm, rope_, silu_mul
 from radixserve.cpu.linear import FusedLinear, Linear, PackedWeight, cpu_linear, pack, use_profile
+from radixserve.cpu.quant_linear import (
+    FusedQuantLinear,
+    QuantizedEmbedding,
+    QuantizedLinear,
+    fusable,
+    quant_linear,
+)
 from radixserve.model.config import ModelConfig
 from radixserve.model.rope import RotaryEmbedding
 
@@ -50,7 +57,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     # q, k and v's projections as one product once the weights are packed, else None
-    qkv: FusedLinear | None = None
+    qkv: FusedLinear | FusedQuantLinear | None = None
 
     def forward(
         self,
@@ -88,7 +95,7 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     # gate and up's projections as one product once the weights are packed, else None
-    gate_up: FusedLinear | None = None
+    gate_up: FusedLinear | FusedQuantLinear | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
@@ -164,16 +171,21 @@ class LlamaForCausalLM(nn.Module):
         paths, and give decode steps their native loop where it runs (``DecodeLayers``);
         returns the bytes that adds."""
         self.cpu_profile = profile
+        for m in self.modules():
+            if isinstance(m, QuantizedLinear | QuantizedEmbedding):
+                m.profile = profile
         if not pack_weights:
             return use_profile(self, profile, packed=False)
         added = 0
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj], profile)
-            mlp.gate_up = FusedLinear([mlp.gate_proj, mlp.up_proj], profile)
-            added += sum(f.packed.nbytes for f in (attn.qkv, mlp.gate_up) if f.packed)
+            qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+            attn.qkv = _fused(qkv, profile)
+            mlp.gate_up = _fused(gate_up, profile)
+            fused = (f for f in (attn.qkv, mlp.gate_up) if isinstance(f, FusedLinear) and f.packed)
+            added += sum(f.packed.nbytes for f in fused)
         added += use_profile(self, profile, packed=True)
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and not self.quantized_output:
             self.output_packed = pack(self.output_weight, profile)
             added += self.output_packed.nbytes if self.output_packed else 0
         self.decode_layers = DecodeLayers.build(self, profile)
@@ -181,10 +193,18 @@ class LlamaForCausalLM(nn.Module):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits of the final-normed states ``x``."""
+        if self.quantized_output:
+            return quant_linear(x, self.model.embed_tokens.quant, None, self.cpu_profile).float()
         if self.config.tie_word_embeddings:
             weight, packed = self.output_weight, self.output_packed
             return cpu_linear(x, weight, None, self.cpu_profile, packed).float()
         return self.lm_head(x).float()
+
+    @property
+    def quantized_output(self) -> bool:
+        """The output head is the quantized embeddings (tied)."""
+        tied = self.config.tie_word_embeddings
+        return tied and isinstance(self.model.embed_tokens, QuantizedEmbedding)
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -214,3 +234,10 @@ class LlamaForCausalLM(nn.Module):
             every = self.logits(self.model.norm(x, residual))
             return Logits(every[last_index], every)
         return Logits(self.logits(self.model.norm(x, residual)))
+
+
+def _fused(parts: list[nn.Module], profile: CpuProfile) -> FusedLinear | FusedQuantLinear | None:
+    """One product for projections over one input: float ones, or quantized of one layout."""
+    if all(isinstance(p, Linear) for p in parts):
+        return FusedLinear(parts, profile)
+    return FusedQuantLinear(parts, profile) if fusable(parts) else None

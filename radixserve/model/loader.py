@@ -15,10 +15,25 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from radixserve.cpu.quant_linear import QuantMatrix
 from radixserve.model.config import ModelConfig
-from radixserve.model.gguf_loader import gguf_tokenizer, load_gguf_weights, read_gguf
+from radixserve.model.gguf_loader import (
+    gguf_tokenizer,
+    load_gguf_weights,
+    quantized_tensor,
+    read_gguf,
+)
 from radixserve.model.llama import LlamaForCausalLM
 from radixserve.model.pull import radixserve_home
+from radixserve.model.quantized import FORMATS, QUANTIZE_KINDS
+from radixserve.model.quantized_model import (
+    check_quantize,
+    install,
+    quantize_model,
+    quantized_modules,
+    stays_quantized,
+    to_matrix,
+)
 from radixserve.model.sources import resolve_model
 
 # Buffers some checkpoints carry that we recompute.
@@ -37,20 +52,32 @@ class LoadedModel:
     file_formats: dict[str, int] = field(default_factory=dict)
 
     def weights(self) -> dict:
-        """The weights as served (dtype, parameter bytes) and as the file stored them."""
+        """The weights as served (dtype of the float ones, bytes of all, tensors kept
+        quantized by format) and as the file stored them."""
         params = list(self.model.parameters())
+        quantized = quantized_modules(self.model).values()
         return {
             "dtype": str(params[0].dtype).removeprefix("torch."),
-            "bytes": sum(p.numel() * p.element_size() for p in params),
+            "bytes": sum(p.numel() * p.element_size() for p in params)
+            + sum(m.quant.nbytes for m in quantized),
+            "quantized": dict(Counter(m.quant.source for m in quantized)),
             "file_formats": self.file_formats,
         }
 
 
-def build_model(hf_config: Any, dtype: torch.dtype, device: torch.device | str) -> LlamaForCausalLM:
-    """An uninitialised model (storage allocated, values arbitrary) of ``hf_config``'s shape."""
+def build_model(
+    hf_config: Any,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    quantized: dict[str, QuantMatrix] | None = None,
+) -> LlamaForCausalLM:
+    """An uninitialised model (storage allocated, values arbitrary) of ``hf_config``'s shape,
+    with the ``quantized`` weights (by parameter name) in place and no float storage for them."""
     cfg = ModelConfig.from_hf(hf_config)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, hf_config)
+    if quantized:
+        install(model, quantized, dtype)
     return model.to_empty(device=device).to(dtype).eval()
 
 
@@ -58,32 +85,48 @@ def load_model(
     spec: str | Path,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    quantize: str = "auto",
 ) -> LoadedModel:
     """Load what ``spec`` names (``radixserve.model.sources``): a preset, a named model, a
-    GGUF file, a Hugging Face directory or model id."""
+    GGUF file, a Hugging Face directory or model id. ``quantize``: which weights stay or
+    become quantized (``model.quantized_model``)."""
     from radixserve.model.presets import load_preset
 
+    check_quantize(quantize, device)
     source = resolve_model(spec)
     if source.kind == "preset":
-        return load_preset(source.name, dtype=dtype, device=device)
-    if source.kind == "gguf":
-        return load_gguf(source.path, dtype, device)
-    from transformers import AutoConfig, AutoTokenizer
+        loaded = load_preset(source.name, dtype=dtype, device=device)
+    elif source.kind == "gguf":
+        loaded = load_gguf(source.path, dtype, device, quantize)
+    else:
+        from transformers import AutoConfig, AutoTokenizer
 
-    path = source.path
-    hf_config = AutoConfig.from_pretrained(path)
-    model = build_model(hf_config, dtype, device)
-    load_weights(model, path)
-    tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(path) else None
-    return LoadedModel(model, model.config, hf_config, tokenizer, eos_token_ids(path, hf_config))
+        path = source.path
+        hf_config = AutoConfig.from_pretrained(path)
+        model = build_model(hf_config, dtype, device)
+        load_weights(model, path)
+        tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(path) else None
+        eos = eos_token_ids(path, hf_config)
+        loaded = LoadedModel(model, model.config, hf_config, tokenizer, eos)
+    if quantize in QUANTIZE_KINDS:
+        quantize_model(loaded.model, quantize)
+    return loaded
 
 
-def load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> LoadedModel:
-    """A GGUF file, checked whole before any weight is allocated, dequantized to ``dtype``."""
+def load_gguf(
+    path: Path, dtype: torch.dtype, device: torch.device | str, quantize: str = "auto"
+) -> LoadedModel:
+    """A GGUF file, checked whole before any weight is allocated; its quantized tensors
+    kept so where ``quantize`` says, the others in ``dtype``."""
     ckpt = read_gguf(path)
     tokenizer = gguf_tokenizer(ckpt, radixserve_home() / "tokenizers")
-    model = build_model(ckpt.hf_config, dtype, device)
-    load_gguf_weights(model, ckpt)
+    quantized = {
+        name: to_matrix(quantized_tensor(ckpt, name))
+        for name, t in ckpt.tensors.items()
+        if t.tensor_type in FORMATS and stays_quantized(name, quantize, device)
+    }
+    model = build_model(ckpt.hf_config, dtype, device, quantized)
+    load_gguf_weights(model, ckpt, skip=set(quantized))
     formats = Counter(t.tensor_type.name for t in ckpt.tensors.values())
     return LoadedModel(
         model, model.config, ckpt.hf_config, tokenizer, ckpt.eos_token_ids, dict(formats)

@@ -19,6 +19,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 Q = GGMLQuantizationType
+QUANTIZE_KINDS = ("int8", "int4")  # what ``quantize`` makes of a float weight
+QUANTIZE_GROUP = 32
 Unpacked = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # codes, scales, offsets
 
 
@@ -41,6 +43,14 @@ class QuantizedWeight:
     def nbytes(self) -> int:
         extra = 0 if self.offset is None else self.offset.nbytes
         return self.codes.nbytes + self.scale.nbytes + extra
+
+    @property
+    def code_bits(self) -> tuple[int, int]:
+        """``(bits, zero)``: the width its codes take in the kernels' form and what makes
+        them unsigned there (4-bit formats go two to a byte)."""
+        if self.source in ("Q4_0", "Q4_1", "Q4_K", "int4"):
+            return 4, 8 if self.source == "Q4_0" else 0
+        return 8, 0
 
     def dequantize(self) -> np.ndarray:
         """The float32 values: ``scale * code + offset`` group by group, in that order."""
@@ -74,6 +84,28 @@ def from_gguf(data: np.ndarray, kind: int, shape: tuple[int, int]) -> QuantizedW
         group,
         kind.name,
     )
+
+
+def quantize(weight: np.ndarray, kind: str, group: int = QUANTIZE_GROUP) -> QuantizedWeight:
+    """A float ``rows x cols`` weight quantized by groups of ``group`` along its rows:
+    ``int8`` symmetric (scale ``max|w| / 127``), ``int4`` with minimums (scale
+    ``(max - min) / 15``, offset ``min``), codes rounded to nearest."""
+    if kind not in QUANTIZE_KINDS:
+        raise ValueError(f"quantize takes {' or '.join(QUANTIZE_KINDS)}, not {kind!r}")
+    rows, cols = weight.shape
+    if cols % group:
+        raise ValueError(f"a row of {cols} is not whole groups of {group}")
+    g = np.asarray(weight, np.float32).reshape(rows, cols // group, group)
+    if kind == "int8":
+        scale, offset, top = np.abs(g).max(-1) / np.float32(127), None, 127
+        low = -127
+    else:
+        offset, top, low = g.min(-1), 15, 0
+        scale = (g.max(-1) - offset) / np.float32(15)
+    scale = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
+    shifted = g if offset is None else g - offset[..., None]
+    codes = np.clip(np.rint(shifted / scale[..., None]), low, top).astype(np.int8)
+    return QuantizedWeight(codes.reshape(rows, cols), scale, offset, group, kind)
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:

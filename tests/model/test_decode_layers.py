@@ -13,6 +13,7 @@ from radixserve.memory import KVSlotAllocator
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model import load_model
 from radixserve.model.presets import load_preset
+from radixserve.model.quantized_model import quantize_model
 
 from .paged import PagedRunner, hf_greedy
 from .profiles import here
@@ -47,9 +48,11 @@ def taken(monkeypatch) -> list[bool]:
 
 
 class _Setup:
-    def __init__(self, dtype: torch.dtype, page_size: int = 16) -> None:
+    def __init__(self, dtype: torch.dtype, page_size: int = 16, quantize: str = "none") -> None:
         loaded = load_preset("tiny", dtype=dtype)
         self.model, cfg = loaded.model, loaded.config
+        if quantize != "none":
+            quantize_model(self.model, quantize)
         self.model.use_cpu_profile(here())
         self.page_size = page_size
         self.allocator = KVSlotAllocator(4096, page_size)
@@ -72,8 +75,10 @@ class _Setup:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("grouped", [False, True])
-def test_decode_steps_equal_the_layer_by_layer_path(dtype, grouped, taken):
-    s = _Setup(dtype)
+@pytest.mark.parametrize("quantize", ["none", "int8", "int4"])
+def test_decode_steps_equal_the_layer_by_layer_path(dtype, grouped, quantize, taken):
+    """Projections on panels or quantized weights (``--quantize``): the same kernels."""
+    s = _Setup(dtype, quantize=quantize)
     assert s.model.decode_layers is not None
     rng = np.random.default_rng(1)
     shared = s.allocator.alloc(64)  # a cached prefix the first three requests read

@@ -9,6 +9,7 @@ import torch
 
 from radixserve.model import load_model
 from radixserve.model.gguf_loader import GGUFError, _our_name, read_gguf
+from radixserve.model.quantized_model import quantized_modules
 from radixserve.model.rope import rope_frequencies
 
 from .conftest import save_hf_model
@@ -53,10 +54,19 @@ def test_quantized_tensors_equal_the_gguf_packages_dequantization(tmp_path, kind
             types[name] = kind
             expected[name] = dequantized(tensors[name], kind)
     path = write_gguf(tmp_path / "q.gguf", "qwen2", hf.config, tensors, types)
-    loaded = load_model(path)
-    params = dict(loaded.model.named_parameters())
+    widened = dict(load_model(path, quantize="none").model.named_parameters())
+    served = load_model(path)  # quantized formats kept as they are
+    quantized = quantized_modules(served.model)
+    params = dict(served.model.named_parameters())
     for name, values in expected.items():
-        assert torch.equal(params[_our_name(name)].detach(), values), name
+        ours = _our_name(name)
+        assert torch.equal(widened[ours].detach(), values), name
+        module = ours.removesuffix(".weight")
+        if kind in ("F16", "BF16"):
+            assert torch.equal(params[ours].detach(), values) and module not in quantized
+        else:
+            assert quantized[module].quant.source == kind
+            assert torch.equal(quantized[module].quant.dequantize(native=False), values), name
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@
 #include "merge_states.h"
 #include "panel_linear.h"
 #include "paged_attention.h"
+#include "quant_ops.h"
 #include "vec.h"
 
 namespace {
@@ -345,6 +346,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "block_attention's head_dim must be a multiple of this");
   m.def("merge_states", &merge_states, "softmax states of attention parts merged by lse");
   m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x, float32 out");
+  m.def("quant_linear", &quant_linear, "x @ w.T for a quantized w, float32 out");
+  m.def("dequantize_rows", &dequantize_rows, "a quantized weight's rows as float32");
   m.def("pack_panels", &pack_panels, "a float32 or bfloat16 weight packed for panel_linear");
   m.def("panel_linear", &panel_linear, "x @ w.T on w's panels, for a few dozen rows");
   m.def("bf16_dot", [] { return radixserve::kBf16Dot; },

@@ -1,5 +1,5 @@
 // A decode step's decoder layers in one call: per layer, the residual add and RMSNorm, q/k/v
-// on the fused weight's panels, rotary on q and k in place, the new K/V stored at their slots,
+// on the fused weight (panels or quantized), rotary on q and k in place, the new K/V stored at their slots,
 // paged attention by plan, o_proj, the second norm, gate/up on panels, SiLU x up and down_proj
 // -- the kernels and the order of model/llama.py, without a Python call between them.
 #include "decode_layers.h"
@@ -7,6 +7,7 @@
 #include "elementwise.h"
 #include "paged_attention.h"
 #include "panel_linear.h"
+#include "quant_ops.h"
 #include "vec.h"
 
 #include <cstring>
@@ -34,6 +35,23 @@ torch::Tensor on_panels(const torch::Tensor& x, const torch::Tensor& panels, int
   return y;
 }
 
+// A projection's weight: panels, or a quantized matrix (`quantized`).
+struct Projection {
+  torch::Tensor panels;
+  radixserve::QuantMatrix matrix{};
+  bool quantized = false;
+};
+
+// y [rows, out] = x [rows, in] @ W^T in x's dtype (a quantized W multiplies float32 rows).
+template <typename T>
+torch::Tensor project(const torch::Tensor& x, const Projection& p, int64_t out) {
+  if (!p.quantized) return on_panels<T>(x, p.panels, out);
+  auto xf = x.to(torch::kFloat32).contiguous();
+  auto y = torch::empty({x.size(0), out}, xf.options());
+  radixserve::quant_linear(ptr<float>(xf), x.size(0), p.matrix, ptr<float>(y));
+  return y.to(x.scalar_type());
+}
+
 template <typename T>
 torch::Tensor norm(const torch::Tensor& x, T* residual, const torch::Tensor& weight, float eps) {
   auto out = torch::empty_like(x);
@@ -43,7 +61,8 @@ torch::Tensor norm(const torch::Tensor& x, T* residual, const torch::Tensor& wei
 }
 
 template <typename T>
-std::vector<torch::Tensor> run(torch::Tensor x, const std::vector<torch::Tensor>& weights,
+std::vector<torch::Tensor> run(torch::Tensor x, const std::vector<torch::Tensor>& norms,
+                               const std::vector<Projection>& projections,
                                const std::vector<torch::Tensor>& k_pools,
                                const std::vector<torch::Tensor>& v_pools, const torch::Tensor& cos,
                                const torch::Tensor& sin, const torch::Tensor& out_slots,
@@ -59,15 +78,16 @@ std::vector<torch::Tensor> run(torch::Tensor x, const std::vector<torch::Tensor>
   auto attn = torch::empty({rows, q_width}, x.options().dtype(torch::kFloat32));
   auto lse = torch::empty({rows, shape.heads}, attn.options());
   for (size_t layer = 0; layer < k_pools.size(); ++layer) {
-    const torch::Tensor* w = &weights[layer * radixserve::kDecodeLayerWeights];
+    const torch::Tensor* n = &norms[layer * 2];
+    const Projection* w = &projections[layer * radixserve::kDecodeLayerProjections];
     torch::Tensor h;
     if (layer == 0) {  // the embeddings are the residual stream
       residual = x;
-      h = norm<T>(x, nullptr, w[0], eps);
+      h = norm<T>(x, nullptr, n[0], eps);
     } else {
-      h = norm<T>(x, ptr<T>(residual), w[0], eps);
+      h = norm<T>(x, ptr<T>(residual), n[0], eps);
     }
-    auto qkv = on_panels<T>(h, w[1], qkv_width);
+    auto qkv = project<T>(h, w[0], qkv_width);
     T* q = ptr<T>(qkv);
     // k's heads follow q's in each row: one pass rotates both
     radixserve::rope_inplace<T>(q, rows, shape.heads + shape.kv_heads, dim, qkv_width, ptr<T>(cos),
@@ -82,13 +102,13 @@ std::vector<torch::Tensor> run(torch::Tensor x, const std::vector<torch::Tensor>
     auto qf = qkv.narrow(1, 0, q_width).to(torch::kFloat32).contiguous();
     radixserve::paged_attention(ptr<float>(qf), k_pool, v_pool, kv_slots.data_ptr<int64_t>(), plan,
                                 shape, ptr<float>(attn), ptr<float>(lse));
-    x = on_panels<T>(attn.to(x.scalar_type()), w[2], hidden);
-    h = norm<T>(x, ptr<T>(residual), w[3], eps);
-    auto gate_up = on_panels<T>(h, w[4], 2 * intermediate);
+    x = project<T>(attn.to(x.scalar_type()), w[1], hidden);
+    h = norm<T>(x, ptr<T>(residual), n[1], eps);
+    auto gate_up = project<T>(h, w[2], 2 * intermediate);
     auto act = torch::empty({rows, intermediate}, x.options());
     radixserve::silu_mul<T>(ptr<T>(gate_up), ptr<T>(gate_up) + intermediate, rows, intermediate,
                             2 * intermediate, ptr<T>(act));
-    x = on_panels<T>(act, w[5], hidden);
+    x = project<T>(act, w[3], hidden);
   }
   return {x, residual};
 }
@@ -98,19 +118,36 @@ void check_index(const torch::Tensor& t, const char* name) {
               " must be a contiguous int64 CPU tensor");
 }
 
-// Panels packed by pack_panels from an [out, in] weight (panel_linear.h).
-void check_panels(const torch::Tensor& p, int64_t out, int64_t in, c10::ScalarType dtype) {
+// Panels packed by pack_panels from an [out, in] weight (panel_linear.h), or a quantized
+// weight of that shape.
+Projection projection(const radixserve::ProjectionArgs& args, int64_t out, int64_t in,
+                      c10::ScalarType dtype) {
+  const auto& [weight, scale, offset, group, bits, zero] = args;
+  Projection p;
+  if (scale) {
+    p.panels = weight;  // kept alive by the caller's list; the matrix points into it
+    p.matrix = quant_matrix(weight, *scale, offset, group, bits, zero);
+    p.quantized = true;
+    TORCH_CHECK(p.matrix.out == out && p.matrix.in == in, "a quantized projection must be ", out,
+                " x ", in);
+    return p;
+  }
   const bool bf16 = dtype == torch::kBFloat16;
   const int64_t width = radixserve::panel_width();
-  TORCH_CHECK(p.dim() == (bf16 ? 4 : 3) && p.size(0) == (out + width - 1) / width &&
-                  p.size(1) == (bf16 ? (in + 1) / 2 : in) && p.size(2) == width,
+  TORCH_CHECK(weight.scalar_type() == dtype && weight.is_contiguous() && weight.device().is_cpu(),
+              "panels must be contiguous CPU tensors of x's dtype");
+  TORCH_CHECK(weight.dim() == (bf16 ? 4 : 3) && weight.size(0) == (out + width - 1) / width &&
+                  weight.size(1) == (bf16 ? (in + 1) / 2 : in) && weight.size(2) == width,
               "panels must come from pack_panels for a weight of ", out, " x ", in);
+  p.panels = weight;
+  return p;
 }
 
 }  // namespace
 
 std::vector<torch::Tensor> decode_layers(
-    torch::Tensor x, const std::vector<torch::Tensor>& weights,
+    torch::Tensor x, const std::vector<torch::Tensor>& norms,
+    const std::vector<radixserve::ProjectionArgs>& projection_args,
     const std::vector<torch::Tensor>& k_pools, const std::vector<torch::Tensor>& v_pools,
     torch::Tensor cos, torch::Tensor sin, torch::Tensor out_slots, torch::Tensor kv_slots,
     torch::Tensor items, torch::Tensor q_index, torch::Tensor merge_indptr,
@@ -122,27 +159,31 @@ std::vector<torch::Tensor> decode_layers(
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(),
               "x must be a contiguous CPU [rows, hidden] tensor");
   const size_t layers = k_pools.size();
-  TORCH_CHECK(layers > 0 && v_pools.size() == layers &&
-                  weights.size() == layers * radixserve::kDecodeLayerWeights,
-              "give every layer's K/V pools and its ", radixserve::kDecodeLayerWeights,
-              " weights");
-  for (const auto* list : {&weights, &k_pools, &v_pools}) {
+  TORCH_CHECK(layers > 0 && v_pools.size() == layers && norms.size() == layers * 2 &&
+                  projection_args.size() == layers * radixserve::kDecodeLayerProjections,
+              "give every layer's K/V pools, its 2 norms and its ",
+              radixserve::kDecodeLayerProjections, " projections");
+  for (const auto* list : {&norms, &k_pools, &v_pools}) {
     for (const auto& t : *list) {
       TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.device().is_cpu(),
-                  "weights and pools must be contiguous CPU tensors of x's dtype");
+                  "norms and pools must be contiguous CPU tensors of x's dtype");
     }
   }
   const int64_t rows = x.size(0), hidden = x.size(1);
   const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
-  const int64_t shapes[][2] = {{0, 0}, {qkv_width, hidden}, {hidden, heads * head_dim},
-                               {0, 0}, {2 * intermediate, hidden}, {hidden, intermediate}};
+  const int64_t shapes[][2] = {{qkv_width, hidden}, {hidden, heads * head_dim},
+                               {2 * intermediate, hidden}, {hidden, intermediate}};
+  std::vector<Projection> projections;
   for (size_t l = 0; l < layers; ++l) {
     TORCH_CHECK(k_pools[l].sizes() == v_pools[l].sizes() && k_pools[l].dim() == 3 &&
                     k_pools[l].size(1) == kv_heads && k_pools[l].size(2) == head_dim,
                 "the pools must be [slots, kv_heads, head_dim]");
-    const torch::Tensor* w = &weights[l * radixserve::kDecodeLayerWeights];
-    TORCH_CHECK(w[0].numel() == hidden && w[3].numel() == hidden, "norm weights must be [hidden]");
-    for (int i : {1, 2, 4, 5}) check_panels(w[i], shapes[i][0], shapes[i][1], dtype);
+    TORCH_CHECK(norms[2 * l].numel() == hidden && norms[2 * l + 1].numel() == hidden,
+                "norm weights must be [hidden]");
+    for (size_t i = 0; i < radixserve::kDecodeLayerProjections; ++i) {
+      const auto& args = projection_args[l * radixserve::kDecodeLayerProjections + i];
+      projections.push_back(projection(args, shapes[i][0], shapes[i][1], dtype));
+    }
   }
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.numel() == rows * head_dim &&
                   cos.scalar_type() == dtype && cos.is_contiguous() && sin.is_contiguous(),
@@ -167,9 +208,9 @@ std::vector<torch::Tensor> decode_layers(
   const radixserve::AttentionShape shape{heads, kv_heads, head_dim, static_cast<float>(scale)};
   pybind11::gil_scoped_release no_gil;
   if (dtype == torch::kFloat32) {
-    return run<float>(x, weights, k_pools, v_pools, cos, sin, out_slots, kv_slots, plan, shape,
+    return run<float>(x, norms, projections, k_pools, v_pools, cos, sin, out_slots, kv_slots, plan, shape,
                       intermediate, static_cast<float>(eps));
   }
-  return run<uint16_t>(x, weights, k_pools, v_pools, cos, sin, out_slots, kv_slots, plan, shape,
+  return run<uint16_t>(x, norms, projections, k_pools, v_pools, cos, sin, out_slots, kv_slots, plan, shape,
                        intermediate, static_cast<float>(eps));
 }

@@ -1,0 +1,234 @@
+// Few-row products on quantized weights (quant_linear.h for layouts): a decode step reads
+// each weight once, so reading a quarter or an eighth of float32's bytes is the point.
+//
+// The loop is linear_rows.cpp's: a tile of kBlock weight rows by up to kRowsMax input rows,
+// the next block of codes and scales prefetched a line at a time over the current block's
+// arithmetic. A weight vector is dequantized in registers (codes widened to int32, the zero
+// subtracted, converted, times the group's scale plus its offset) once and used for every
+// input row of the tile.
+#include "quant_linear.h"
+
+#include "vec.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace radixserve {
+namespace {
+
+#if defined(__AVX512F__)
+typedef float Vec __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+constexpr int kBlock = 4;
+constexpr int kRowsMax = 6;
+
+inline float hsumv(Vec v) {
+  f8 lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  return hsum(lo + hi);
+}
+#else
+typedef f8 Vec;
+constexpr int kLanes = 8;
+constexpr int kBlock = 3;
+constexpr int kRowsMax = 4;
+
+inline float hsumv(Vec v) { return hsum(v); }
+#endif
+
+typedef int32_t IVec __attribute__((vector_size(sizeof(Vec))));
+
+// kLanes bytes widened to int32 lanes, sign- or zero-extended (one vpmov[sz]xbd: the
+// compiler's generic byte-vector conversion comes out as a byte at a time).
+template <bool Signed>
+inline IVec widen(const uint8_t* p) {
+#if defined(__AVX512F__)
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return (IVec)(Signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+#else
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return (IVec)(Signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+#endif
+}
+
+constexpr int64_t kRowChunk = 64;
+
+using Prefetch = LinePrefetch<3>;
+
+// The layout of one weight: bytes of codes and number of groups per row.
+struct Rows {
+  const QuantMatrix& w;
+  int64_t code_bytes, groups;
+  explicit Rows(const QuantMatrix& m)
+      : w(m), code_bytes(m.in * m.bits / 8), groups(m.in / m.group) {}
+};
+
+// Values s * kLanes .. s * kLanes + kLanes - 1 of a group (codes `g`), dequantized.
+template <int Bits, int G>
+inline Vec values(const uint8_t* g, int s, float scale, float offset, int zero) {
+  IVec c;
+  if constexpr (Bits == 8) {
+    c = widen<true>(g + s * kLanes);
+  } else {
+    constexpr int half = G / 2 / kLanes;  // vectors per nibble half of a group
+    const IVec b = widen<false>(g + (s % half) * kLanes);
+    c = s < half ? (b & 15) : (b >> 4);
+  }
+  return __builtin_convertvector(c - zero, Vec) * scale + offset;
+}
+
+// y[r][b] = x[r] . w[j + b] for R input rows and B weight rows (y's row stride: out).
+template <int Bits, int G, bool Off, int B, int R>
+void tile(const float* x, const Rows& m, int64_t j, float* y, Prefetch* pf) {
+  constexpr int S = G / kLanes;
+  const QuantMatrix& w = m.w;
+  Vec acc[B][R] = {};
+  for (int64_t g = 0; g < m.groups; ++g) {
+    pf[0].step();
+    pf[1].step();
+    for (int s = 0; s < S; ++s) {
+      Vec wv[B];
+      for (int b = 0; b < B; ++b) {
+        const int64_t at = (j + b) * m.groups + g;
+        const uint8_t* codes = w.codes + (j + b) * m.code_bytes + g * (G * Bits / 8);
+        wv[b] = values<Bits, G>(codes, s, w.scale[at], Off ? w.offset[at] : 0.0f, w.zero);
+      }
+      const int64_t k = g * G + s * kLanes;
+      for (int r = 0; r < R; ++r) {
+        const Vec xv = load_vec<Vec>(x + r * w.in + k);
+        for (int b = 0; b < B; ++b) acc[b][r] += wv[b] * xv;
+      }
+    }
+  }
+  for (int b = 0; b < B; ++b) {
+    for (int r = 0; r < R; ++r) y[r * w.out + b] = hsumv(acc[b][r]);
+  }
+}
+
+template <int Bits, int G, bool Off, int B, int R>
+void rest(int64_t left, const float* x, const Rows& m, int64_t j, float* y, Prefetch* pf) {
+  if (left == R) {
+    tile<Bits, G, Off, B, R>(x, m, j, y, pf);
+  } else if constexpr (R > 1) {
+    rest<Bits, G, Off, B, R - 1>(left, x, m, j, y, pf);
+  }
+}
+
+// Every input row against weight rows j .. j + B - 1, kRowsMax rows at a time.
+template <int Bits, int G, bool Off, int B>
+void block(const float* x, int64_t rows, const Rows& m, int64_t j, float* y, Prefetch* pf) {
+  const int64_t in = m.w.in, out = m.w.out;
+  int64_t r = 0;
+  for (; r + kRowsMax <= rows; r += kRowsMax) {
+    tile<Bits, G, Off, B, kRowsMax>(x + r * in, m, j, y + r * out + j, pf);
+  }
+  if (r < rows) {
+    rest<Bits, G, Off, B, kRowsMax - 1>(rows - r, x + r * in, m, j, y + r * out + j, pf);
+  }
+}
+
+// A prefetcher handing out [begin, begin + bytes) over `steps` calls.
+Prefetch spread(const void* begin, int64_t bytes, int64_t steps) {
+  const char* p = static_cast<const char*>(begin);
+  const int64_t lines = std::max<int64_t>(1, bytes / kCacheLine);
+  steps = std::max<int64_t>(1, steps);
+  return Prefetch{p, p + bytes, std::max<int64_t>(1, steps / lines), (lines + steps - 1) / steps};
+}
+
+template <int Bits, int G, bool Off>
+void run(const float* x, int64_t rows, const QuantMatrix& w, float* y) {
+  const Rows m(w);
+  const int64_t blocks = w.out / kBlock;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowChunk) {
+    const int64_t n = std::min(kRowChunk, rows - r0);
+    const float* xc = x + r0 * w.in;
+    float* yc = y + r0 * w.out;
+    const int64_t steps = (n + kRowsMax - 1) / kRowsMax * m.groups;
+    at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t j = b * kBlock, next = std::min(j + kBlock, w.out - kBlock);
+        Prefetch pf[2] = {
+            spread(w.codes + next * m.code_bytes, kBlock * m.code_bytes, steps),
+            spread(w.scale + next * m.groups, kBlock * m.groups * 4, steps)};
+        block<Bits, G, Off, kBlock>(xc, n, m, j, yc, pf);
+      }
+    });
+    for (int64_t j = blocks * kBlock; j < w.out; ++j) {  // the last out % kBlock weight rows
+      Prefetch none[2] = {{nullptr, nullptr, 1, 0}, {nullptr, nullptr, 1, 0}};
+      block<Bits, G, Off, 1>(xc, n, m, j, yc, none);
+    }
+  }
+}
+
+template <int Bits, int G, bool Off>
+void dequantize(const QuantMatrix& w, const int64_t* rows, int64_t n, float* y) {
+  const Rows m(w);
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t row = rows ? rows[i] : i;
+      for (int64_t g = 0; g < m.groups; ++g) {
+        const int64_t at = row * m.groups + g;
+        const uint8_t* codes = w.codes + row * m.code_bytes + g * (G * Bits / 8);
+        for (int s = 0; s < G / kLanes; ++s) {
+          const Vec v = values<Bits, G>(codes, s, w.scale[at], Off ? w.offset[at] : 0.0f, w.zero);
+          store_vec(y + i * w.in + g * G + s * kLanes, v);
+        }
+      }
+    }
+  });
+}
+
+// Calls f.operator()<Bits, G, Off>() for w's layout.
+template <typename F>
+void dispatch(const QuantMatrix& w, F&& f) {
+  const bool off = w.offset != nullptr;
+  if (w.bits == 4 && w.group == 32) {
+    off ? f.template operator()<4, 32, true>() : f.template operator()<4, 32, false>();
+  } else if (w.bits == 8 && w.group == 32) {
+    off ? f.template operator()<8, 32, true>() : f.template operator()<8, 32, false>();
+  } else {
+    off ? f.template operator()<8, 16, true>() : f.template operator()<8, 16, false>();
+  }
+}
+
+struct Product {
+  const float* x;
+  int64_t rows;
+  const QuantMatrix& w;
+  float* y;
+  template <int Bits, int G, bool Off>
+  void operator()() const {
+    run<Bits, G, Off>(x, rows, w, y);
+  }
+};
+
+struct Values {
+  const QuantMatrix& w;
+  const int64_t* rows;
+  int64_t n;
+  float* y;
+  template <int Bits, int G, bool Off>
+  void operator()() const {
+    dequantize<Bits, G, Off>(w, rows, n, y);
+  }
+};
+
+}  // namespace
+
+bool quant_shape_supported(int group, int bits) {
+  return (bits == 4 && group == 32) || (bits == 8 && (group == 16 || group == 32));
+}
+
+void quant_linear(const float* x, int64_t rows, const QuantMatrix& w, float* y) {
+  dispatch(w, Product{x, rows, w, y});
+}
+
+void dequantize_rows(const QuantMatrix& w, const int64_t* rows, int64_t n, float* y) {
+  dispatch(w, Values{w, rows, n, y});
+}
+
+}  // namespace radixserve

@@ -1,0 +1,37 @@
+// Linear layers on quantized weights, read as they are stored.
+//
+// A quantized weight [out, in] is codes plus, per group of `group` consecutive values of a
+// row, a float32 scale and (optionally) offset: value = scale * (code - zero) + offset.
+// Layouts (row-major, contiguous):
+//   codes   bits 8: int8 [out, in], one code a byte
+//           bits 4: uint8 [out, in / 2]; within each group, byte i holds value i in its low
+//                   nibble and value i + group / 2 in its high nibble (GGUF's Q4 layout)
+//   scale   float32 [out, in / group]
+//   offset  float32 [out, in / group], or null for symmetric formats
+//   x       float32 [rows, in];  y float32 [rows, out]
+// Activations stay float32: the product is the float product of the dequantized weight,
+// in another order of additions.
+#pragma once
+
+#include <cstdint>
+
+namespace radixserve {
+
+struct QuantMatrix {
+  const uint8_t* codes;
+  const float* scale;
+  const float* offset;  // null: none
+  int64_t out, in;
+  int group;  // 16 or 32 with 8-bit codes, 32 with 4-bit ones
+  int bits;   // 8 or 4
+  int zero;   // subtracted from every code
+};
+
+bool quant_shape_supported(int group, int bits);
+
+void quant_linear(const float* x, int64_t rows, const QuantMatrix& w, float* y);
+
+// The float32 values of weight rows `rows` (null: every row, n = out) into y [n, in].
+void dequantize_rows(const QuantMatrix& w, const int64_t* rows, int64_t n, float* y);
+
+}  // namespace radixserve
