@@ -65,6 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
         write_policy=args.write_policy,
         attention_backend=args.attention_backend,
         dtype=args.dtype,
+        quantize=args.quantize,
         device=args.device,
         seed=args.seed,
         cpu_profile=args.cpu_profile,
@@ -148,6 +149,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-policy", default="write_back", help="write_back or write_through")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--dtype", default="float32")
+    p.add_argument(
+        "--quantize",
+        default="auto",
+        help="auto: a GGUF file's quantized tensors served as they are; none: widened to "
+        "--dtype; int8, int4: float projections quantized at load too (groups of 32, CPU)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

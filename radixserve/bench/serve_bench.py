@@ -7,7 +7,7 @@ child process (or any OpenAI-compatible server given by ``--url``, vLLM's for in
 configurations alternate round by round. A label names server flags, joined by ``+``:
 ``mixed`` (the defaults), ``alternating`` (``--no-mixed-batches``), ``off`` (no prefix
 cache), ``chunk=N`` (``--chunked-prefill-size``), ``itl=MS`` (``--itl-target-ms``), ``ratio=R``
-(``--itl-ratio``; 0: none). Rows
+(``--itl-ratio``; 0: none), ``quantize=Q`` (``--quantize``: none, auto, int8, int4). Rows
 are each figure's median over the rounds; pairs compare each configuration with the first,
 round by round. After each run the server audits its cache accounting and stops on SIGTERM.
 """
@@ -29,6 +29,7 @@ from radixserve.bench.workloads import optimal_hit_rate
 
 FLAGS = {"mixed": [], "alternating": ["--no-mixed-batches"], "off": ["--disable-prefix-cache"]}
 VALUED = {"chunk": "--chunked-prefill-size", "itl": "--itl-target-ms", "ratio": "--itl-ratio"}
+WORDS = {"quantize": ("--quantize", ("none", "auto", "int8", "int4"))}
 # Where servers empty their prefix cache: ours and SGLang's, vLLM's (VLLM_SERVER_DEV_MODE=1)
 FLUSH_ROUTES = ("/flush_cache", "/reset_prefix_cache")
 
@@ -43,10 +44,12 @@ def server_flags(label: str) -> list[str]:
         elif name in VALUED and value:
             float(value)  # a number, or a ValueError naming it
             flags += [VALUED[name], value]
+        elif name in WORDS and value in WORDS[name][1]:
+            flags += [WORDS[name][0], value]
         else:
             raise ValueError(
-                f"unknown configuration part {part!r} in {label!r}: use {sorted(FLAGS)} or "
-                f"{'/'.join(f'{k}=N' for k in VALUED)}, joined by '+'"
+                f"unknown configuration part {part!r} in {label!r}: use {sorted(FLAGS)}, "
+                f"{'/'.join(f'{k}=N' for k in VALUED)} or quantize=Q, joined by '+'"
             )
     return flags
 
@@ -181,7 +184,8 @@ TABLES = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     helps = {
-        "configs": "labels: mixed, alternating, off, chunk=N, itl=MS, ratio=R, joined by '+'",
+        "configs": "labels: mixed, alternating, off, chunk=N, itl=MS, ratio=R, quantize=Q, "
+        "joined by '+'",
         "url_model": "the model name --url servers expect",
     }
     report.add_options(p, ServeBenchConfig, "page_size configs rounds url_model", True, **helps)

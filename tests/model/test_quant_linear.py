@@ -36,11 +36,17 @@ def random_matrix(out: int, n_in: int, layout, seed: int) -> QuantMatrix:
     return QuantMatrix.pack(codes, scale, offset, group, bits, zero, "test")
 
 
-def assert_float32_accumulation(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    """``got`` is ``x @ w.T`` up to float32 rounding of its sums: each error within a few
-    ulps of the sum of the terms' magnitudes (which bounds any order of addition)."""
-    exact = F.linear(x.double(), w.double())
-    scale = F.linear(x.double().abs(), w.double().abs())
+def assert_float32_accumulation(got: torch.Tensor, x: torch.Tensor, w: QuantMatrix) -> None:
+    """``got`` is ``x`` times ``w``'s values up to float32 rounding of its sums: each error
+    within a few ulps of the sum of the terms' magnitudes, a weight's two terms (scale times
+    code, offset) counted apart (which bounds any order and grouping of the additions)."""
+    values = w.dequantize(native=False).double()
+    offsets = torch.zeros_like(values)
+    if w.offset is not None:
+        offsets = w.offset.double().repeat_interleave(w.group, dim=1)
+    exact = F.linear(x.double(), values)
+    magnitude = (values - offsets).abs() + offsets.abs()
+    scale = F.linear(x.double().abs(), magnitude)
     error = (got.double() - exact).abs()
     assert (error <= 4 * 2**-24 * scale + 1e-30).all(), float((error / scale).max())
 
@@ -67,7 +73,7 @@ def test_native_product_equals_torch_on_the_dequantized_weight(
     got = kernels.quant_linear(x, *args)
     values = w.dequantize(native=False)
     assert got.dtype == torch.float32 and got.shape == (rows, out)
-    assert_float32_accumulation(got, x, values)
+    assert_float32_accumulation(got, x, w)
     # the lookup kernel: the same values (one fused multiply-add apart), any rows, any order
     index = torch.randint(0, out, (7,), generator=torch.Generator().manual_seed(seed))
     torch.testing.assert_close(kernels.dequantize_rows(*args, index), values[index])
