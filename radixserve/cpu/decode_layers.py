@@ -58,7 +58,8 @@ class DecodeLayers:
         projections: list[tuple] = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            parts = [_projection(p) for p in (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)]
+            projs = (attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj)
+            parts = [_projection(p, profile.quant_int8_rows) for p in projs]
             if any(p is None for p in parts):
                 return None
             norms += [layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight]
@@ -119,12 +120,12 @@ class DecodeLayers:
         )
 
 
-def _projection(p: Any) -> tuple | None:
+def _projection(p: Any, int8_rows: int) -> tuple | None:
     """A projection as ``decode_layers`` takes it: its panels, or its quantized weight."""
     quant = getattr(p, "quant", None)
     if isinstance(quant, QuantMatrix):
-        return quant.codes, quant.scale, quant.offset, quant.group, quant.bits, quant.zero
+        return (*quant._args(), int8_rows)
     packed = getattr(p, "packed", None)
     if packed is None or packed.panels is None:
         return None
-    return packed.panels, None, None, 0, 0, 0
+    return packed.panels, None, None, 0, 0, 0, 0

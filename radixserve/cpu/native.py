@@ -33,6 +33,7 @@ SOURCES = (
     "paged_few.cpp",
     "panel_linear.cpp",
     "prefix_match.cpp",
+    "quant_int8.cpp",
     "quant_linear.cpp",
     "quant_ops.cpp",
 )

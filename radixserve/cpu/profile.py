@@ -77,6 +77,9 @@ class CpuProfile:
     dense_min_queries: int = 96  # queries per KV head from which a group member makes a block
     cascade_min_queries: int = 32  # queries per KV head from which a group stays a cascade
     quant_rows: int = 32  # rows up to which a quantized weight multiplies from its codes
+    # rows up to which a 4-bit weight's product rounds activations to int8 per group of 32
+    # and multiplies in integers (0, the rule everywhere for now: activations stay float32)
+    quant_int8_rows: int = 0
 
     def paths(self, dtype: torch.dtype) -> DtypePaths | None:
         """The paths of ``dtype``, or None where it has no fast path (torch's own ops)."""
@@ -211,4 +214,5 @@ def profile_for(f: CpuFeatures, native: bool, packs: bool) -> CpuProfile:
         dense_min_work=1 << 15 if bf16_dot_blocks else (1 << 17 if f.amx else 1 << 19),
         self_min_tokens=bf16_self,
     )
-    return CpuProfile(features=f, native=native, float32=f32, bfloat16=bf16)
+    int8 = 8 if native and "avx2" in f.isa else NEVER
+    return CpuProfile(features=f, native=native, float32=f32, bfloat16=bf16, quant_int8_rows=int8)

@@ -2,8 +2,11 @@
 
 A ``QuantMatrix`` is the form ``csrc/quant_linear.cpp`` streams: integer codes (4-bit ones
 two to a byte) with a float32 scale and offset per group of a row. Few rows (a decode step)
-multiply straight from the codes; more rows (a prefill) dequantize the weight to float32
-and take torch's GEMM, whose cost there is the multiply-adds, not the weight's bytes. Where
+multiply straight from the codes, 4-bit ones with activations rounded to int8 per group of
+32 up to ``CpuProfile.quant_int8_rows`` (``csrc/quant_int8.cpp``: llama.cpp's trade; off by
+default, not yet faster than the float path); more
+rows (a prefill) dequantize the weight to float32 and take torch's GEMM, whose cost there
+is the multiply-adds, not the weight's bytes. Where
 the native kernels are not built, the same products run in torch on the dequantized weight,
 which is also every path's reference twin.
 """
@@ -146,7 +149,7 @@ def quant_linear(
     """``F.linear(x, weight's values, bias)`` in ``x``'s dtype, on the path for its rows."""
     native = profile is not None and profile.native and x.device.type == "cpu"
     if native and x.dim() == 2 and len(x) <= profile.quant_rows:
-        out = load_native().quant_linear(x, *weight._args())
+        out = load_native().quant_linear(x, *weight._args(), profile.quant_int8_rows)
         if bias is not None:
             out.add_(bias)
     else:

@@ -38,14 +38,16 @@ def random_matrix(out: int, n_in: int, layout, seed: int) -> QuantMatrix:
 
 def assert_float32_accumulation(got: torch.Tensor, x: torch.Tensor, w: QuantMatrix) -> None:
     """``got`` is ``x`` times ``w``'s values up to float32 rounding of its sums: each error
-    within a few ulps of the sum of the terms' magnitudes, a weight's two terms (scale times
-    code, offset) counted apart (which bounds any order and grouping of the additions)."""
+    within a few ulps of the sum of the terms' magnitudes, a weight's terms (scale times
+    code, the zero's part, offset) counted apart (which bounds any order and grouping of
+    the additions)."""
     values = w.dequantize(native=False).double()
     offsets = torch.zeros_like(values)
     if w.offset is not None:
         offsets = w.offset.double().repeat_interleave(w.group, dim=1)
+    zeros = (w.scale.double() * w.zero).abs().repeat_interleave(w.group, dim=1)
     exact = F.linear(x.double(), values)
-    magnitude = (values - offsets).abs() + offsets.abs()
+    magnitude = (values - offsets).abs() + offsets.abs() + 2 * zeros
     scale = F.linear(x.double().abs(), magnitude)
     error = (got.double() - exact).abs()
     assert (error <= 4 * 2**-24 * scale + 1e-30).all(), float((error / scale).max())
@@ -78,6 +80,38 @@ def test_native_product_equals_torch_on_the_dequantized_weight(
     index = torch.randint(0, out, (7,), generator=torch.Generator().manual_seed(seed))
     torch.testing.assert_close(kernels.dequantize_rows(*args, index), values[index])
     torch.testing.assert_close(kernels.dequantize_rows(*args, None), values)
+
+
+def rounded_rows(x: torch.Tensor) -> torch.Tensor:
+    """The kernels' int8 twin of ``x``: each group of 32 rounded to a step of max|x| / 127."""
+    g = x.reshape(len(x), -1, 32)
+    d = g.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return (torch.round(g * inv) * d).reshape(x.shape)
+
+
+@needs_native
+@pytest.mark.parametrize("march", TARGETS)
+@pytest.mark.parametrize("layout", [x for x in LAYOUTS if x[0] == 4], ids=str)
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 12),
+    groups=st.integers(1, 6),
+    out=st.integers(1, 23),
+    seed=st.integers(0, 2**16),
+)
+def test_int8_activations_are_the_product_with_xs_rounded_twin(
+    march, layout, rows, groups, out, seed
+):
+    """Up to ``int8_rows`` rows a 4-bit product rounds x to int8 per group of 32; above,
+    x stays float32."""
+    kernels = load_native(march)
+    assert kernels is not None and kernels.int8_dot()
+    w = random_matrix(out, groups * 32, layout, seed)
+    x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(seed))
+    x[0, :32] = 0  # a group of zeros rounds to zeros
+    got = kernels.quant_linear(x, w.codes, w.scale, w.offset, w.group, w.bits, w.zero, 8)
+    assert_float32_accumulation(got, rounded_rows(x) if rows <= 8 else x, w)
 
 
 @needs_native
@@ -123,12 +157,16 @@ def test_quantize_rounds_each_value_to_its_groups_nearest_step(kind):
 @pytest.mark.parametrize("rows", [1, 5, 32, 33, 200])
 @pytest.mark.parametrize("bias", [False, True])
 def test_quant_linear_takes_either_path_with_the_same_result(rows, bias):
-    """Up to ``quant_rows`` from the codes, above through the dequantized weight."""
+    """Up to ``quant_rows`` from the codes (x rounded to int8 up to ``quant_int8_rows``),
+    above through the dequantized weight."""
     w = random_matrix(40, 96, LAYOUTS[1], rows)
     x = torch.randn(rows, 96)
     b = torch.randn(40) if bias else None
-    expected = F.linear(x, w.dequantize(native=False), b)
+    values = w.dequantize(native=False)
+    rounded = here().native and rows <= here().quant_int8_rows
+    expected = F.linear(rounded_rows(x) if rounded else x, values, b)
     torch.testing.assert_close(quant_linear(x, w, b, here()), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(quant_linear(x, w, b, None), expected, rtol=1e-5, atol=1e-5)
+    exact = F.linear(x, values, b)
+    torch.testing.assert_close(quant_linear(x, w, b, None), exact, rtol=1e-5, atol=1e-5)
     out = quant_linear(x.bfloat16(), w, b, here())
     assert out.dtype == torch.bfloat16  # in the activations' dtype

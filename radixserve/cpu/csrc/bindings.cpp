@@ -8,6 +8,7 @@
 #include "merge_states.h"
 #include "panel_linear.h"
 #include "paged_attention.h"
+#include "quant_int8.h"
 #include "quant_ops.h"
 #include "vec.h"
 
@@ -346,7 +347,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "block_attention's head_dim must be a multiple of this");
   m.def("merge_states", &merge_states, "softmax states of attention parts merged by lse");
   m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x, float32 out");
-  m.def("quant_linear", &quant_linear, "x @ w.T for a quantized w, float32 out");
+  m.def("quant_linear", &quant_linear, "x @ w.T for a quantized w, float32 out",
+        pybind11::arg("x"), pybind11::arg("codes"), pybind11::arg("scale"),
+        pybind11::arg("offset"), pybind11::arg("group"), pybind11::arg("bits"),
+        pybind11::arg("zero"), pybind11::arg("int8_rows") = 0);
+  m.def("int8_dot", &radixserve::int8_dot_supported, "whether 4-bit products can round x to int8");
   m.def("dequantize_rows", &dequantize_rows, "a quantized weight's rows as float32");
   m.def("pack_panels", &pack_panels, "a float32 or bfloat16 weight packed for panel_linear");
   m.def("panel_linear", &panel_linear, "x @ w.T on w's panels, for a few dozen rows");

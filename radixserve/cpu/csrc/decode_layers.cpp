@@ -122,11 +122,11 @@ void check_index(const torch::Tensor& t, const char* name) {
 // weight of that shape.
 Projection projection(const radixserve::ProjectionArgs& args, int64_t out, int64_t in,
                       c10::ScalarType dtype) {
-  const auto& [weight, scale, offset, group, bits, zero] = args;
+  const auto& [weight, scale, offset, group, bits, zero, int8_rows] = args;
   Projection p;
   if (scale) {
     p.panels = weight;  // kept alive by the caller's list; the matrix points into it
-    p.matrix = quant_matrix(weight, *scale, offset, group, bits, zero);
+    p.matrix = quant_matrix(weight, *scale, offset, group, bits, zero, int8_rows);
     p.quantized = true;
     TORCH_CHECK(p.matrix.out == out && p.matrix.in == in, "a quantized projection must be ", out,
                 " x ", in);

@@ -2,7 +2,7 @@
 // Per layer, `norms` holds its input and post-attention norms [hidden], and `projections`
 // kDecodeLayerProjections: q/k/v (fused), o_proj, gate/up (fused), down_proj. A projection
 // is column panels (pack_panels of the weight; the other fields None and 0) or a quantized
-// weight (codes, scales, offsets or None, group, bits, zero: quant_linear.h). x [rows, hidden] are
+// weight (codes, scales, offsets or None, group, bits, zero, int8_rows: quant_linear.h). x [rows, hidden] are
 // the rows' embeddings (float32, or bfloat16 with AVX512_BF16); cos, sin [rows, head_dim] in
 // x's dtype. Each row is one token whose K/V go to out_slots; the plan (paged_attention.h)
 // attends every row. Returns (the last layer's MLP output, the residual stream before it),
@@ -18,7 +18,7 @@
 namespace radixserve {
 constexpr size_t kDecodeLayerProjections = 4;
 using ProjectionArgs = std::tuple<torch::Tensor, std::optional<torch::Tensor>,
-                                  std::optional<torch::Tensor>, int64_t, int64_t, int64_t>;
+                                  std::optional<torch::Tensor>, int64_t, int64_t, int64_t, int64_t>;
 }  // namespace radixserve
 
 std::vector<torch::Tensor> decode_layers(

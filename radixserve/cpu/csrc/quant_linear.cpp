@@ -8,6 +8,7 @@
 // input row of the tile.
 #include "quant_linear.h"
 
+#include "quant_int8.h"
 #include "vec.h"
 
 #include <ATen/Parallel.h>
@@ -224,6 +225,9 @@ bool quant_shape_supported(int group, int bits) {
 }
 
 void quant_linear(const float* x, int64_t rows, const QuantMatrix& w, float* y) {
+  if (w.bits == 4 && w.group == 32 && rows <= w.int8_rows && int8_dot_supported()) {
+    return quant_linear_int8(x, rows, w, y);
+  }
   dispatch(w, Product{x, rows, w, y});
 }
 

@@ -9,8 +9,8 @@
 //   scale   float32 [out, in / group]
 //   offset  float32 [out, in / group], or null for symmetric formats
 //   x       float32 [rows, in];  y float32 [rows, out]
-// Activations stay float32: the product is the float product of the dequantized weight,
-// in another order of additions.
+// Activations stay float32 (the product is the float product of the dequantized weight, in
+// another order of additions), or, for few rows of a 4-bit weight, are rounded to int8.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,9 @@ struct QuantMatrix {
   int group;  // 16 or 32 with 8-bit codes, 32 with 4-bit ones
   int bits;   // 8 or 4
   int zero;   // subtracted from every code
+  // rows up to which a 4-bit product rounds x to int8 per group of 32 and multiplies in
+  // integers (quant_int8.h); 0: never, x stays float32
+  int64_t int8_rows = 0;
 };
 
 bool quant_shape_supported(int group, int bits);

@@ -3,7 +3,7 @@
 
 radixserve::QuantMatrix quant_matrix(const torch::Tensor& codes, const torch::Tensor& scale,
                                      const std::optional<torch::Tensor>& offset, int64_t group,
-                                     int64_t bits, int64_t zero) {
+                                     int64_t bits, int64_t zero, int64_t int8_rows) {
   TORCH_CHECK(radixserve::quant_shape_supported(group, bits),
               "quantized weights take groups of 16 or 32 with 8-bit codes, 32 with 4-bit ones; "
               "not ", group, " with ", bits);
@@ -25,13 +25,14 @@ radixserve::QuantMatrix quant_matrix(const torch::Tensor& codes, const torch::Te
           in,
           static_cast<int>(group),
           static_cast<int>(bits),
-          static_cast<int>(zero)};
+          static_cast<int>(zero),
+          int8_rows};
 }
 
 torch::Tensor quant_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scale,
                            std::optional<torch::Tensor> offset, int64_t group, int64_t bits,
-                           int64_t zero) {
-  const auto w = quant_matrix(codes, scale, offset, group, bits, zero);
+                           int64_t zero, int64_t int8_rows) {
+  const auto w = quant_matrix(codes, scale, offset, group, bits, zero, int8_rows);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == w.in && x.device().is_cpu(),
               "x must be a CPU [rows, ", w.in, "] tensor");
   auto xf = x.to(torch::kFloat32).contiguous();
