@@ -214,5 +214,4 @@ def profile_for(f: CpuFeatures, native: bool, packs: bool) -> CpuProfile:
         dense_min_work=1 << 15 if bf16_dot_blocks else (1 << 17 if f.amx else 1 << 19),
         self_min_tokens=bf16_self,
     )
-    int8 = 8 if native and "avx2" in f.isa else NEVER
-    return CpuProfile(features=f, native=native, float32=f32, bfloat16=bf16, quant_int8_rows=int8)
+    return CpuProfile(features=f, native=native, float32=f32, bfloat16=bf16)
