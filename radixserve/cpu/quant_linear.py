@@ -1,7 +1,8 @@
 """Linear layers and embeddings on quantized weights, kept quantized in memory.
 
 A ``QuantMatrix`` is the form ``csrc/quant_linear.cpp`` streams: integer codes (4-bit ones
-two to a byte) with a float32 scale and offset per group of a row. Few rows (a decode step)
+two to a byte) with a scale and offset per group of a row, float16 where every one of them
+is a float16 (GGUF's Q4_0/Q4_1/Q8_0 store theirs so), else float32. Few rows (a decode step)
 multiply straight from the codes, 4-bit ones with activations rounded to int8 per group of
 32 up to ``CpuProfile.quant_int8_rows`` (``csrc/quant_int8.cpp``: llama.cpp's trade; off by
 default, not yet faster than the float path); more
@@ -29,7 +30,8 @@ class QuantMatrix:
     """An ``out x in`` weight: ``value = scale * (code - zero) + offset`` by group of a row.
     ``codes``: uint8 ``[out, in * bits / 8]`` (8-bit codes as int8 bits; 4-bit ones with
     value ``i`` of a group in byte ``i``'s low nibble and ``i + group / 2`` in its high
-    one); ``scale``, ``offset``: float32 ``[out, in / group]`` (``offset`` None: zero)."""
+    one); ``scale``, ``offset``: ``[out, in / group]``, both float16 or both float32
+    (``offset`` None: zero)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -66,10 +68,13 @@ class QuantMatrix:
         def tensor(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(a)).to(dtype).contiguous()
 
+        floats = [a for a in (scale, offset) if a is not None]
+        exact = all(np.array_equal(a.astype(np.float16).astype(a.dtype), a) for a in floats)
+        kind = torch.float16 if exact else torch.float32
         return cls(
             tensor(packed.reshape(rows, -1), torch.uint8),
-            tensor(scale, torch.float32),
-            None if offset is None else tensor(offset, torch.float32),
+            tensor(scale, kind),
+            None if offset is None else tensor(offset, kind),
             group,
             bits,
             zero,
@@ -101,8 +106,10 @@ class QuantMatrix:
         )
 
     def same_layout(self, other: QuantMatrix) -> bool:
-        mine = (self.group, self.bits, self.zero, self.offset is None, self.shape[1])
-        return mine == (other.group, other.bits, other.zero, other.offset is None, other.shape[1])
+        def layout(m: QuantMatrix) -> tuple:
+            return m.group, m.bits, m.zero, m.offset is None, m.scale.dtype, m.shape[1]
+
+        return layout(self) == layout(other)
 
     def row_range(self, start: int, stop: int) -> QuantMatrix:
         """Rows ``start:stop`` as views (contiguous: rows are)."""
@@ -130,10 +137,10 @@ class QuantMatrix:
         else:
             ints = codes.view(torch.int8).to(torch.int32)
         grouped = (ints - self.zero).float().reshape(len(ints), -1, self.group)
-        values = grouped * scale.unsqueeze(-1)
+        values = grouped * scale.float().unsqueeze(-1)
         if self.offset is not None:
             offset = self.offset if rows is None else self.offset[rows]
-            values = values + offset.unsqueeze(-1)
+            values = values + offset.float().unsqueeze(-1)
         return values.reshape(len(ints), -1)
 
     def _args(self) -> tuple:

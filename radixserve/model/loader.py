@@ -50,6 +50,7 @@ class LoadedModel:
     # tensors by the format the file stores them in (a GGUF's "Q4_1", "F32"...), before
     # they were widened to the model's dtype; empty where the source does not say
     file_formats: dict[str, int] = field(default_factory=dict)
+    file_bytes: int | None = None  # of the file's tensors; None where the source does not say
 
     def weights(self) -> dict:
         """The weights as served (dtype of the float ones, bytes of all, tensors kept
@@ -62,6 +63,7 @@ class LoadedModel:
             + sum(m.quant.nbytes for m in quantized),
             "quantized": dict(Counter(m.quant.source for m in quantized)),
             "file_formats": self.file_formats,
+            "file_bytes": self.file_bytes,
         }
 
 
@@ -128,8 +130,15 @@ def load_gguf(
     model = build_model(ckpt.hf_config, dtype, device, quantized)
     load_gguf_weights(model, ckpt, skip=set(quantized))
     formats = Counter(t.tensor_type.name for t in ckpt.tensors.values())
+    file_bytes = sum(int(t.n_bytes) for t in ckpt.tensors.values())
     return LoadedModel(
-        model, model.config, ckpt.hf_config, tokenizer, ckpt.eos_token_ids, dict(formats)
+        model,
+        model.config,
+        ckpt.hf_config,
+        tokenizer,
+        ckpt.eos_token_ids,
+        dict(formats),
+        file_bytes,
     )
 
 

@@ -19,21 +19,30 @@ from .profiles import here
 
 needs_native = pytest.mark.skipif(not native_available(), reason="native kernels did not build")
 
-# (bits, group, zero, with offsets): every layout the kernels take
-LAYOUTS = [(4, 32, 8, False), (4, 32, 0, True), (8, 32, 0, False), (8, 16, 0, False),
-           (8, 32, 0, True), (8, 16, 3, True)]  # fmt: skip
+# (bits, group, zero, with offsets, float16 scales): every layout the kernels take
+LAYOUTS = [(4, 32, 8, False, False), (4, 32, 0, True, False), (8, 32, 0, False, False),
+           (8, 16, 0, False, False), (8, 32, 0, True, False), (8, 16, 3, True, False),
+           (4, 32, 8, False, True), (4, 32, 0, True, True), (8, 32, 0, False, True),
+           (8, 16, 3, True, True)]  # fmt: skip
 
 
 def random_matrix(out: int, n_in: int, layout, seed: int) -> QuantMatrix:
-    bits, group, zero, with_offset = layout
+    """Scales and offsets that are float16 values where the layout says so (``pack``
+    then keeps them as float16), float32 ones otherwise."""
+    bits, group, zero, with_offset, half = layout
     rng = np.random.default_rng(seed)
     top = 16 if bits == 4 else 256
     codes = (rng.integers(0, top, (out, n_in)) - (zero if bits == 4 else 128 + zero)).astype(
         np.int8
     )
-    scale = rng.uniform(0.001, 0.1, (out, n_in // group)).astype(np.float32)
-    offset = rng.normal(0, 0.1, scale.shape).astype(np.float32) if with_offset else None
-    return QuantMatrix.pack(codes, scale, offset, group, bits, zero, "test")
+    kind = np.float16 if half else np.float32
+    scale = rng.uniform(0.001, 0.1, (out, n_in // group)).astype(kind).astype(np.float32)
+    offset = rng.normal(0, 0.1, scale.shape).astype(kind).astype(np.float32)
+    matrix = QuantMatrix.pack(
+        codes, scale, offset if with_offset else None, group, bits, zero, "test"
+    )
+    assert matrix.scale.dtype == (torch.float16 if half else torch.float32)
+    return matrix
 
 
 def assert_float32_accumulation(got: torch.Tensor, x: torch.Tensor, w: QuantMatrix) -> None:

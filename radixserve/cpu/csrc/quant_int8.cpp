@@ -87,7 +87,7 @@ void tile(const Rounded& x, int64_t row0, const QuantMatrix& w, int64_t j, float
   for (int64_t g = 0; g < groups; ++g) {
     for (int b = 0; b < B; ++b) {
       const __m256i u = unpack(w.codes + (j + b) * code_bytes + g * (kGroup / 2));
-      const float dw = w.scale[(j + b) * groups + g];
+      const float dw = group_value(w, w.scale, (j + b) * groups + g);
       for (int r = 0; r < R; ++r) {
         const int64_t at = (row0 + r) * groups + g;
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&x.q[at * kGroup]));
@@ -97,13 +97,14 @@ void tile(const Rounded& x, int64_t row0, const QuantMatrix& w, int64_t j, float
     }
   }
   for (int b = 0; b < B; ++b) {
-    const float* dw = w.scale + (j + b) * groups;
-    const float* off = w.offset ? w.offset + (j + b) * groups : nullptr;
+    const int64_t row = (j + b) * groups;
     for (int r = 0; r < R; ++r) {
       const float* dsum = &x.dsum[(row0 + r) * groups];
       float sum = hsum8(acc[b][r]);
       for (int64_t g = 0; g < groups; ++g) {  // offsets, and the zero taken from every code
-        const float constant = (off ? off[g] : 0.0f) - static_cast<float>(w.zero) * dw[g];
+        const float off = w.offset ? group_value(w, w.offset, row + g) : 0.0f;
+        const float dw = group_value(w, w.scale, row + g);
+        const float constant = off - static_cast<float>(w.zero) * dw;
         sum += constant * dsum[g];
       }
       y[(row0 + r) * w.out + j + b] = sum;

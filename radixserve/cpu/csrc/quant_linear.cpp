@@ -83,7 +83,7 @@ inline Vec values(const uint8_t* g, int s, float scale, float offset, int zero) 
 }
 
 // y[r][b] = x[r] . w[j + b] for R input rows and B weight rows (y's row stride: out).
-template <int Bits, int G, bool Off, int B, int R>
+template <int Bits, int G, bool Off, bool H, int B, int R>
 void tile(const float* x, const Rows& m, int64_t j, float* y, Prefetch* pf) {
   constexpr int S = G / kLanes;
   const QuantMatrix& w = m.w;
@@ -96,7 +96,8 @@ void tile(const float* x, const Rows& m, int64_t j, float* y, Prefetch* pf) {
       for (int b = 0; b < B; ++b) {
         const int64_t at = (j + b) * m.groups + g;
         const uint8_t* codes = w.codes + (j + b) * m.code_bytes + g * (G * Bits / 8);
-        wv[b] = values<Bits, G>(codes, s, w.scale[at], Off ? w.offset[at] : 0.0f, w.zero);
+        wv[b] = values<Bits, G>(codes, s, group_value<H>(w.scale, at),
+                                  Off ? group_value<H>(w.offset, at) : 0.0f, w.zero);
       }
       const int64_t k = g * G + s * kLanes;
       for (int r = 0; r < R; ++r) {
@@ -110,25 +111,25 @@ void tile(const float* x, const Rows& m, int64_t j, float* y, Prefetch* pf) {
   }
 }
 
-template <int Bits, int G, bool Off, int B, int R>
+template <int Bits, int G, bool Off, bool H, int B, int R>
 void rest(int64_t left, const float* x, const Rows& m, int64_t j, float* y, Prefetch* pf) {
   if (left == R) {
-    tile<Bits, G, Off, B, R>(x, m, j, y, pf);
+    tile<Bits, G, Off, H, B, R>(x, m, j, y, pf);
   } else if constexpr (R > 1) {
-    rest<Bits, G, Off, B, R - 1>(left, x, m, j, y, pf);
+    rest<Bits, G, Off, H, B, R - 1>(left, x, m, j, y, pf);
   }
 }
 
 // Every input row against weight rows j .. j + B - 1, kRowsMax rows at a time.
-template <int Bits, int G, bool Off, int B>
+template <int Bits, int G, bool Off, bool H, int B>
 void block(const float* x, int64_t rows, const Rows& m, int64_t j, float* y, Prefetch* pf) {
   const int64_t in = m.w.in, out = m.w.out;
   int64_t r = 0;
   for (; r + kRowsMax <= rows; r += kRowsMax) {
-    tile<Bits, G, Off, B, kRowsMax>(x + r * in, m, j, y + r * out + j, pf);
+    tile<Bits, G, Off, H, B, kRowsMax>(x + r * in, m, j, y + r * out + j, pf);
   }
   if (r < rows) {
-    rest<Bits, G, Off, B, kRowsMax - 1>(rows - r, x + r * in, m, j, y + r * out + j, pf);
+    rest<Bits, G, Off, H, B, kRowsMax - 1>(rows - r, x + r * in, m, j, y + r * out + j, pf);
   }
 }
 
@@ -140,8 +141,9 @@ Prefetch spread(const void* begin, int64_t bytes, int64_t steps) {
   return Prefetch{p, p + bytes, std::max<int64_t>(1, steps / lines), (lines + steps - 1) / steps};
 }
 
-template <int Bits, int G, bool Off>
+template <int Bits, int G, bool Off, bool H>
 void run(const float* x, int64_t rows, const QuantMatrix& w, float* y) {
+  constexpr int64_t kScaleBytes = H ? 2 : 4;
   const Rows m(w);
   const int64_t blocks = w.out / kBlock;
   for (int64_t r0 = 0; r0 < rows; r0 += kRowChunk) {
@@ -154,18 +156,19 @@ void run(const float* x, int64_t rows, const QuantMatrix& w, float* y) {
         const int64_t j = b * kBlock, next = std::min(j + kBlock, w.out - kBlock);
         Prefetch pf[2] = {
             spread(w.codes + next * m.code_bytes, kBlock * m.code_bytes, steps),
-            spread(w.scale + next * m.groups, kBlock * m.groups * 4, steps)};
-        block<Bits, G, Off, kBlock>(xc, n, m, j, yc, pf);
+            spread(static_cast<const char*>(w.scale) + next * m.groups * kScaleBytes,
+                   kBlock * m.groups * kScaleBytes, steps)};
+        block<Bits, G, Off, H, kBlock>(xc, n, m, j, yc, pf);
       }
     });
     for (int64_t j = blocks * kBlock; j < w.out; ++j) {  // the last out % kBlock weight rows
       Prefetch none[2] = {{nullptr, nullptr, 1, 0}, {nullptr, nullptr, 1, 0}};
-      block<Bits, G, Off, 1>(xc, n, m, j, yc, none);
+      block<Bits, G, Off, H, 1>(xc, n, m, j, yc, none);
     }
   }
 }
 
-template <int Bits, int G, bool Off>
+template <int Bits, int G, bool Off, bool H>
 void dequantize(const QuantMatrix& w, const int64_t* rows, int64_t n, float* y) {
   const Rows m(w);
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
@@ -175,7 +178,8 @@ void dequantize(const QuantMatrix& w, const int64_t* rows, int64_t n, float* y) 
         const int64_t at = row * m.groups + g;
         const uint8_t* codes = w.codes + row * m.code_bytes + g * (G * Bits / 8);
         for (int s = 0; s < G / kLanes; ++s) {
-          const Vec v = values<Bits, G>(codes, s, w.scale[at], Off ? w.offset[at] : 0.0f, w.zero);
+          const Vec v = values<Bits, G>(codes, s, group_value<H>(w.scale, at),
+                                  Off ? group_value<H>(w.offset, at) : 0.0f, w.zero);
           store_vec(y + i * w.in + g * G + s * kLanes, v);
         }
       }
@@ -183,16 +187,27 @@ void dequantize(const QuantMatrix& w, const int64_t* rows, int64_t n, float* y) 
   });
 }
 
-// Calls f.operator()<Bits, G, Off>() for w's layout.
+// Calls f.operator()<Bits, G, Off, H>() for w's layout.
+template <int Bits, int G, typename F>
+void dispatch_scales(const QuantMatrix& w, F&& f) {
+  const bool off = w.offset != nullptr;
+  if (w.half) {
+    off ? f.template operator()<Bits, G, true, true>()
+        : f.template operator()<Bits, G, false, true>();
+  } else {
+    off ? f.template operator()<Bits, G, true, false>()
+        : f.template operator()<Bits, G, false, false>();
+  }
+}
+
 template <typename F>
 void dispatch(const QuantMatrix& w, F&& f) {
-  const bool off = w.offset != nullptr;
   if (w.bits == 4 && w.group == 32) {
-    off ? f.template operator()<4, 32, true>() : f.template operator()<4, 32, false>();
+    dispatch_scales<4, 32>(w, f);
   } else if (w.bits == 8 && w.group == 32) {
-    off ? f.template operator()<8, 32, true>() : f.template operator()<8, 32, false>();
+    dispatch_scales<8, 32>(w, f);
   } else {
-    off ? f.template operator()<8, 16, true>() : f.template operator()<8, 16, false>();
+    dispatch_scales<8, 16>(w, f);
   }
 }
 
@@ -201,9 +216,9 @@ struct Product {
   int64_t rows;
   const QuantMatrix& w;
   float* y;
-  template <int Bits, int G, bool Off>
+  template <int Bits, int G, bool Off, bool H>
   void operator()() const {
-    run<Bits, G, Off>(x, rows, w, y);
+    run<Bits, G, Off, H>(x, rows, w, y);
   }
 };
 
@@ -212,9 +227,9 @@ struct Values {
   const int64_t* rows;
   int64_t n;
   float* y;
-  template <int Bits, int G, bool Off>
+  template <int Bits, int G, bool Off, bool H>
   void operator()() const {
-    dequantize<Bits, G, Off>(w, rows, n, y);
+    dequantize<Bits, G, Off, H>(w, rows, n, y);
   }
 };
 

@@ -12,21 +12,25 @@ radixserve::QuantMatrix quant_matrix(const torch::Tensor& codes, const torch::Te
               "codes must be a contiguous CPU [out, bytes] tensor of bytes");
   const int64_t out = codes.size(0), in = codes.size(1) * 8 / bits;
   TORCH_CHECK(in % group == 0, "a row of ", in, " values is not whole groups of ", group);
+  const bool half = scale.dtype() == torch::kFloat16;
   for (const torch::Tensor* t : {&scale, offset ? &*offset : nullptr}) {
     if (t == nullptr) continue;
-    TORCH_CHECK(t->dtype() == torch::kFloat32 && t->is_contiguous() && t->device().is_cpu() &&
+    TORCH_CHECK((t->dtype() == torch::kFloat32 || t->dtype() == torch::kFloat16) &&
+                    t->dtype() == scale.dtype() && t->is_contiguous() && t->device().is_cpu() &&
                     t->dim() == 2 && t->size(0) == out && t->size(1) == in / group,
-                "scales and offsets must be contiguous float32 [", out, ", ", in / group, "]");
+                "scales and offsets must be contiguous [", out, ", ", in / group,
+                "], both float32 or both float16");
   }
   return {reinterpret_cast<const uint8_t*>(codes.data_ptr()),
-          scale.data_ptr<float>(),
-          offset ? offset->data_ptr<float>() : nullptr,
+          scale.data_ptr(),
+          offset ? offset->data_ptr() : nullptr,
           out,
           in,
           static_cast<int>(group),
           static_cast<int>(bits),
           static_cast<int>(zero),
-          int8_rows};
+          int8_rows,
+          half};
 }
 
 torch::Tensor quant_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scale,
@@ -56,7 +60,7 @@ torch::Tensor dequantize_rows(torch::Tensor codes, torch::Tensor scale,
     TORCH_CHECK(std::all_of(index, index + n, [&](int64_t r) { return 0 <= r && r < w.out; }),
                 "a row index lies outside the weight's ", w.out, " rows");
   }
-  auto y = torch::empty({n, w.in}, scale.options());
+  auto y = torch::empty({n, w.in}, scale.options().dtype(torch::kFloat32));
   pybind11::gil_scoped_release no_gil;
   radixserve::dequantize_rows(w, index, n, y.data_ptr<float>());
   return y;
