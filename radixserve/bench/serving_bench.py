@@ -49,6 +49,7 @@ class ServingBenchConfig:
     seed: int = 0
     vllm_python: str | None = None  # an interpreter whose environment has vllm
     dtype: str = "float32"
+    quantize: str = "auto"  # a GGUF file's own formats; none, int8, int4: as load_model takes
     warm: bool = False  # time a second pass over what the first one cached
 
     def __post_init__(self) -> None:
@@ -111,7 +112,12 @@ def run_engine(engine: Engine, workload: Workload, label: str, warm: bool = Fals
 
 def run_serving_bench(cfg: ServingBenchConfig, step: Step = lambda label: None) -> dict:
     """Rows per (workload, config), pairs against the first config, the optimal hit rates."""
-    options = dict(page_size=cfg.page_size, max_total_tokens=cfg.kv_tokens, dtype=cfg.dtype)
+    options = dict(
+        page_size=cfg.page_size,
+        max_total_tokens=cfg.kv_tokens,
+        dtype=cfg.dtype,
+        quantize=cfg.quantize,
+    )
     engines = {
         name: Engine(cfg.model, seed=cfg.seed, **options, **ENGINE_CONFIGS[name])
         for name in cfg.configs
@@ -123,11 +129,12 @@ def run_serving_bench(cfg: ServingBenchConfig, step: Step = lambda label: None) 
         engine.generate(input_ids=[list(range(3, 515))] * 4, sampling_params=warm)
     hf = peer = None
     if "transformers" in cfg.configs:
-        from radixserve.model.presets import load_preset
+        from radixserve.model.loader import load_model
 
         # on the engines' compute thread: a second thread's OpenMP team slows every engine
         dtype = getattr(torch, cfg.dtype)
-        hf = compute_thread.call(lambda: transformers_twin(load_preset(cfg.model, dtype=dtype)))
+        loaded = partial(load_model, cfg.model, dtype, quantize=cfg.quantize)
+        hf = compute_thread.call(lambda: transformers_twin(loaded()))
     rows, pairs, optimal = [], [], {}
     try:
         if "vllm" in cfg.configs and cfg.vllm_python is not None:
@@ -212,8 +219,10 @@ TABLES = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    names = "workloads configs scale max_tokens page_size rounds dtype warm vllm_python"
+    names = "workloads configs scale max_tokens page_size rounds dtype quantize warm"
+    names += " vllm_python"
     helps = {
+        "quantize": "auto (a GGUF file's own formats), none, int8, int4",
         "configs": f"the first is compared with the others; any of {[*ENGINE_CONFIGS, *PEERS]}",
         "scale": "multiplies request counts",
         "warm": "time a pass over what a first one cached",
