@@ -16,6 +16,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 
 from radixserve.cache import create_prefix_cache
 from radixserve.cpu import CpuProfile
@@ -33,7 +34,7 @@ from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import Listener, request_output, stream_outputs
 from radixserve.engine.req import Req
 from radixserve.engine.req_cache import ReqCacheManager
-from radixserve.engine.sampler import Sampler
+from radixserve.engine.sampler import Sampler, add_logit_bias
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import Scheduler
 from radixserve.engine.stop import StopChecker
@@ -308,6 +309,7 @@ class Engine:
             masks = self.constrained.start([w.req for w in batch.work if w.samples])
             out = self.runner.forward(batch)
             m.forward_s += time.perf_counter() - t_forward
+            out = replace(out, last=add_logit_bias(out.last, out.sampled))
             tokens = self.sampler.sample(self.constrained.apply(out.last, masks), out.sampled)
             record_logprobs(batch, out, tokens)
             if batch.decode:

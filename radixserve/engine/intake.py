@@ -79,6 +79,8 @@ class RequestFactory:
             raise ValueError("input_ids must be a list of ints")
         if arr.min() < 0 or arr.max() >= self.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise ValueError(f"logit_bias token ids must lie in [0, {self.vocab_size})")
         if arr.size > self.max_prompt_tokens:
             raise ValueError(
                 f"the prompt has {arr.size} tokens; this engine serves at most "

@@ -1,5 +1,6 @@
 """Log-probabilities of generated tokens (and, when asked, of prompt tokens), taken from the
-model's raw distribution: before temperature, penalties and truncation."""
+model's distribution (with a request's ``logit_bias`` added, as OpenAI reports them): before
+temperature, penalties and truncation."""
 
 from __future__ import annotations
 

@@ -104,6 +104,20 @@ class Sampler:
         return out / out.sum(-1, keepdim=True)
 
 
+def add_logit_bias(logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+    """``logits`` (one row per request) with each request's ``logit_bias`` added (a copy,
+    where any has one): what follows (grammar masks, logprobs, sampling) sees the biased
+    distribution."""
+    biased = [(i, r.params.logit_bias) for i, r in enumerate(reqs) if r.params.logit_bias]
+    if not biased:
+        return logits
+    logits = logits.clone()
+    for i, bias in biased:
+        ids = torch.tensor(list(bias), dtype=torch.int64)
+        logits[i, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype)
+    return logits
+
+
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax (the first of ties), as ``torch.argmax(logits, -1)``: natively where
     the kernels built (faster than torch's on a decode batch's rows)."""

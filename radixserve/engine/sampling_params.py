@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,9 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     n: int = 1
+    # added to the logits of these token ids (each in [-100, 100]) before anything else:
+    # logprobs, penalties and sampling all see the biased logits
+    logit_bias: Mapping[int, float] | None = None
     return_logprob: bool = False  # log-probabilities of the generated tokens
     top_logprobs_num: int = 0  # with them, the top alternatives at each position
     logprob_start_len: int = -1  # >= 0: also the prompt's tokens from this position on
@@ -62,7 +66,24 @@ class SamplingParams:
             raise ValueError("stop must be non-empty strings")
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self._check_logit_bias()
         self._check_grammar()
+
+    def _check_logit_bias(self) -> None:
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, Mapping):
+            raise ValueError("logit_bias must map token ids to biases")
+        bias = {}
+        for token, value in self.logit_bias.items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids, got {token!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"logit_bias values must be numbers, got {value!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {value}")
+            bias[token] = float(value)
+        object.__setattr__(self, "logit_bias", bias or None)
 
     def _check_grammar(self) -> None:
         given = [name for name in GRAMMAR_FIELDS if getattr(self, name) not in (None, False)]

@@ -56,8 +56,10 @@ class _OpenAIBase(StructuredFields):
     repetition_penalty: float = Field(default=1.0, gt=0)
     cache_salt: str | None = None
     ignore_eos: bool = False
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        default=None, description="token id (as a string) -> bias added to its logit"
+    )
     # OpenAI fields that would change the output and are not implemented
-    logit_bias: dict[str, float] | None = Unsupported
     tools: list[Any] | None = Unsupported
     tool_choice: Any = Unsupported
     functions: list[Any] | None = Unsupported
@@ -67,13 +69,23 @@ class _OpenAIBase(StructuredFields):
     def _reject_unsupported(self):
         unsupported = [
             name
-            for name in ("logit_bias", "tools", "tool_choice", "functions", "function_call")
+            for name in ("tools", "tool_choice", "functions", "function_call")
             if getattr(self, name) is not None
         ]
         if unsupported:
             raise ValueError(f"not supported by this server: {', '.join(unsupported)}")
         self.grammar_fields()  # two structured outputs at once fail here
+        self.token_bias()
         return self
+
+    def token_bias(self) -> dict[int, float] | None:
+        """``logit_bias`` by token id (its keys are the ids' decimal strings)."""
+        if not self.logit_bias:
+            return None
+        bad = [k for k in self.logit_bias if not k.isdigit()]
+        if bad:
+            raise ValueError(f"logit_bias keys must be token ids, got {bad[0]!r}")
+        return {int(k): v for k, v in self.logit_bias.items()}
 
     def sampling(self, max_tokens: int, **extra: Any) -> SamplingParams:
         return SamplingParams(
@@ -88,6 +100,7 @@ class _OpenAIBase(StructuredFields):
             stop=self.stop,
             seed=self.seed,
             ignore_eos=self.ignore_eos,
+            logit_bias=self.token_bias(),
             **self.grammar_fields(),
             **extra,
         )

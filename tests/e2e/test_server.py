@@ -83,6 +83,24 @@ def test_completions_forms_n_and_logprobs(server):
     assert len(lp.choices[0].logprobs.token_logprobs) == lp.usage.completion_tokens
 
 
+def test_logit_bias_over_http_with_the_openai_client(server):
+    url, engine = server
+    c = client(url)
+    token = engine.tokenizer.decode([300])
+    msgs = [{"role": "user", "content": "anything"}]
+    out = c.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=6, logit_bias={"300": 100}, logprobs=True
+    )
+    assert [t.token for t in out.choices[0].logprobs.content] == [token] * 6
+    assert all(t.logprob > -1e-3 for t in out.choices[0].logprobs.content)
+    plain = c.completions.create(model="tiny", prompt=[5, 6], max_tokens=4, temperature=0)
+    banned = c.completions.create(
+        model="tiny", prompt=[5, 6], max_tokens=4, temperature=0, logprobs=1,
+        logit_bias={str(t): -100 for t in engine.tokenizer.encode(plain.choices[0].text)},
+    )  # fmt: skip
+    assert banned.choices[0].text != plain.choices[0].text
+
+
 def test_streaming_chat_and_usage(server):
     url, _ = server
     c = client(url)
@@ -164,7 +182,9 @@ def test_native_and_operational_routes(server):
         ({"prompt": ""}, "prompt: String should have at least 1 character"),
         ({"prompt": []}, "prompt"),
         ({"prompt": [[1, 2], []]}, "prompt"),
-        ({"prompt": "x", "logit_bias": {"5": 100}}, "not supported by this server: logit_bias"),
+        ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias keys must be token ids"),
+        ({"prompt": "x", "logit_bias": {"99999999": 1}}, "logit_bias token ids"),
         ({"prompt": "x", "suffix": "end"}, "suffix"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
         ({"prompt": "x", "response_format": {"type": "structural_tag"}}, "response_format"),
@@ -371,7 +391,7 @@ def test_echo_of_ids_outside_the_vocabulary_is_a_400(server, stream):
 def test_chat_fields_that_would_change_the_answer_are_refused(server):
     url, _ = server
     messages = [{"role": "user", "content": "hi"}]
-    for extra in ({"tools": [{"type": "function"}]}, {"logit_bias": {"1": 5}}):
+    for extra in ({"tools": [{"type": "function"}]}, {"functions": [{"name": "f"}]}):
         r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, **extra})
         assert r.status_code == 400 and "not supported" in r.json()["error"]["message"]
     ok = {"messages": messages, "max_tokens": 2, "response_format": {"type": "text"}}
