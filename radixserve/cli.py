@@ -66,6 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
         attention_backend=args.attention_backend,
         dtype=args.dtype,
         quantize=args.quantize,
+        tool_call_parser=args.tool_call_parser,
         device=args.device,
         seed=args.seed,
         cpu_profile=args.cpu_profile,
@@ -154,6 +155,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: a GGUF file's quantized tensors served as they are; none: widened to "
         "--dtype; int8, int4: float projections quantized at load too (groups of 32, CPU)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        help="how the model writes tool calls: hermes (<tool_call> blocks), llama3_json, or "
+        "auto (from the chat template; hermes where it shows none)",
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)

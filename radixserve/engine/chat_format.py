@@ -1,20 +1,98 @@
-"""Role markers taken from a tokenizer's chat template, so a program can open and close
-roles one at a time and still produce exactly the text the template renders for the whole
-conversation."""
+"""Chats rendered by a tokenizer's chat template, tools and earlier tool calls included; and
+role markers taken from the template, so a program can open and close roles one at a time
+and still produce exactly the text the template renders for the whole conversation."""
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import asdict, dataclass
+from typing import Any
+
+from radixserve.engine.tool_calls import ToolCall, ToolFormat
 
 ROLES = ("system", "user", "assistant")
+_PROBE_TOOL = {"type": "function", "function": {"name": "radixserve_probe", "parameters": {}}}
 
 
-def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of ``messages`` rendered by the tokenizer's chat template."""
+def render_chat(
+    tokenizer,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
+    tools: list[dict] | None = None,
+    tool_format: ToolFormat | None = None,
+    **template_kwargs: Any,
+) -> list[int]:
+    """Token ids of ``messages`` rendered by the tokenizer's chat template. Where the
+    template has no tool section, ``tools`` are described in the system message and
+    earlier calls and results written as ``tool_format`` has the model write them."""
+    native = template_takes_tools(tokenizer)
+    if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+        if tool_format is None:
+            raise ValueError("tools need a tool format")
+        messages = tool_messages(messages, tools or [], tool_format, native)
+    if native and tools:
+        template_kwargs["tools"] = tools
     text = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=False
+        messages, add_generation_prompt=add_generation_prompt, tokenize=False, **template_kwargs
     )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@functools.lru_cache(maxsize=8)
+def template_takes_tools(tokenizer) -> bool:
+    """Whether the chat template renders the tools it is given (asked once a tokenizer)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if "tools" not in template:
+        return False
+    chat = [{"role": "user", "content": "x"}]
+    text = tokenizer.apply_chat_template(chat, tools=[_PROBE_TOOL], tokenize=False)
+    return "radixserve_probe" in text
+
+
+def tool_messages(
+    messages: list[dict], tools: list[dict], fmt: ToolFormat, native: bool
+) -> list[dict]:
+    """OpenAI's messages as the template takes them: with ``native`` (the template has a
+    tool section) calls keep their structure, arguments as objects; otherwise the tools'
+    description joins the system message, calls become the text the model writes, and
+    results become user turns that hand them back."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        calls = m.pop("tool_calls", None) or []
+        if native:
+            if calls:
+                m["tool_calls"] = [
+                    {**c, "function": {**c["function"], "arguments": _arguments(c)}} for c in calls
+                ]
+        elif m["role"] == "tool":
+            m = {"role": "user", "content": fmt.response(m.get("content") or "")}
+        elif calls:
+            written = fmt.write([ToolCall(c["function"]["name"], _text(c)) for c in calls])
+            m["content"] = "\n".join(x for x in (m.get("content"), written) if x)
+        out.append(m)
+    if tools and not native:
+        text = fmt.instructions(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}"}
+        else:
+            out.insert(0, {"role": "system", "content": text})
+    return out
+
+
+def _arguments(call: dict) -> Any:
+    """A call's arguments as an object (OpenAI sends them as JSON text)."""
+    args = call["function"].get("arguments") or "{}"
+    try:
+        return json.loads(args) if isinstance(args, str) else args
+    except json.JSONDecodeError:
+        return args
+
+
+def _text(call: dict) -> str:
+    args = call["function"].get("arguments") or "{}"
+    return args if isinstance(args, str) else json.dumps(args)
 
 
 _MARK = "\x00radixserve-content\x00"

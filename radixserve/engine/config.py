@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.engine.tool_calls import TOOL_PARSERS
+
 POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
 DTYPES = ("float32", "bfloat16", "float16")
 CACHE_INDEXES = ("radix", "block-hash")
@@ -75,6 +77,9 @@ class EngineConfig:
     record_trace: str | None = None
     # a grammar (structured output) that takes longer to compile fails its request
     grammar_compile_timeout_s: float = 10.0
+    # how tool calls are written in the model's text (``engine/tool_calls.py``): hermes,
+    # llama3_json, or auto (the one the chat template shows)
+    tool_call_parser: str = "auto"
     check_invariants: bool = False  # audit the tree after every step (slow; for tests)
 
     @property
@@ -135,5 +140,9 @@ class EngineConfig:
             )
         if not self.grammar_compile_timeout_s > 0:
             raise ValueError("grammar_compile_timeout_s must be positive")
+        if self.tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(
+                f"unknown tool_call_parser {self.tool_call_parser!r}; choose one of {TOOL_PARSERS}"
+            )
         if self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be at least one page")

@@ -39,6 +39,7 @@ from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import Scheduler
 from radixserve.engine.stop import StopChecker
 from radixserve.engine.tiers import create_tiers
+from radixserve.engine.tool_calls import ToolFormat, tool_format
 from radixserve.engine.trace_recorder import TraceRecorder
 from radixserve.memory import KVSlotAllocator
 from radixserve.memory.host_malloc import keep_freed_memory
@@ -161,9 +162,26 @@ class Engine:
         if sampling_params.grammar is not None:
             await self.grammars.result_async(sampling_params)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
-        """Token ids of ``messages`` rendered by the model's chat template."""
-        return render_chat(self.tokenizer, messages, add_generation_prompt)
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        **template_kwargs,
+    ) -> list[int]:
+        """Token ids of ``messages`` (OpenAI's, tool calls and results included) rendered by
+        the model's chat template, with ``tools`` (OpenAI's function tools) described;
+        ``template_kwargs`` go to the template (``enable_thinking``, say)."""
+        fmt = self.tool_format
+        return render_chat(
+            self.tokenizer, messages, add_generation_prompt, tools, fmt, **template_kwargs
+        )
+
+    @functools.cached_property
+    def tool_format(self) -> ToolFormat:
+        """How this model writes tool calls (``EngineConfig.tool_call_parser``)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return tool_format(self.config.tool_call_parser, template)
 
     @functools.cached_property
     def chat_format(self) -> ChatFormat:

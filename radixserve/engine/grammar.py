@@ -51,6 +51,15 @@ def choice_ebnf(choices: Sequence[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
+def json_schema_ebnf(schema: str) -> str:
+    """An EBNF grammar (root rule ``root``) of compact JSON (no whitespace beyond the
+    separators ", " and ": ", so a model cannot loop on spaces) valid against ``schema``."""
+    ebnf = str(xgrammar_module().Grammar.from_json_schema(schema, any_whitespace=False))
+    for loose in (_BOUNDED_STRING_CHAR, _UNBOUNDED_STRING_CHAR):
+        ebnf = ebnf.replace(loose, _JSON_STRING_CHAR)
+    return ebnf
+
+
 class GrammarCompiler:
     """Compiles each distinct grammar once, on a small pool, and keeps the most recent
     ``CACHE_GRAMMARS`` (failures too: the same bad grammar fails again at once)."""
@@ -134,13 +143,8 @@ class GrammarCompiler:
                 )
             compiler = self._compiler
         if kind in ("json_schema", "json_object"):
-            # compact JSON (no whitespace beyond the separators ", " and ": "), so a model
-            # cannot loop on spaces until max_tokens
             schema = source if kind == "json_schema" else '{"type": "object"}'
-            ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
-            for loose in (_BOUNDED_STRING_CHAR, _UNBOUNDED_STRING_CHAR):
-                ebnf = ebnf.replace(loose, _JSON_STRING_CHAR)
-            return compiler.compile_grammar(ebnf)
+            return compiler.compile_grammar(json_schema_ebnf(schema))
         if kind == "regex":
             return compiler.compile_regex(source)
         if kind == "choice":

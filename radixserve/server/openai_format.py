@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixserve.server.tool_fields import ToolPlan
+
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -58,7 +60,8 @@ def completion_choice(index: int, out: dict, tok, top: int | None, echo: str | N
     }
 
 
-def chat_choice(index: int, out: dict, tok, with_logprobs: bool) -> dict:
+def chat_choice(index: int, out: dict, tok, with_logprobs: bool, tools: ToolPlan | None) -> dict:
+    """``tools``: how the text is parsed into calls (None: it is the content)."""
     meta = out["meta_info"]
     logprobs = None
     if with_logprobs:
@@ -76,12 +79,21 @@ def chat_choice(index: int, out: dict, tok, with_logprobs: bool) -> dict:
                 for (lp, t), alts in zip(meta["output_token_logprobs"], tops, strict=True)
             ]
         }
+    message, called = {"role": "assistant", "content": out["text"]}, False
+    if tools is not None:
+        message, called = tools.message(out["text"])
     return {
         "index": index,
-        "message": {"role": "assistant", "content": out["text"]},
+        "message": message,
         "logprobs": logprobs,
-        "finish_reason": finish_reason(meta),
+        "finish_reason": chat_finish_reason(meta, called),
     }
+
+
+def chat_finish_reason(meta: dict, called: bool) -> str | None:
+    """A chat that stopped after calling tools finished with ``tool_calls``."""
+    reason = finish_reason(meta)
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 def completion_chunk(head: dict, index: int, chunk: dict) -> dict:
@@ -95,11 +107,16 @@ def completion_chunk(head: dict, index: int, chunk: dict) -> dict:
     return {**head, "choices": [choice]}
 
 
-def chat_chunk(head: dict, index: int, chunk: dict, first: bool) -> dict:
-    delta: dict[str, Any] = {"content": chunk["text"]}
+def chat_chunk(
+    head: dict, index: int, content: str, calls: list[dict], first: bool, reason: str | None
+) -> dict:
+    """A delta of content and of completed ``calls`` (OpenAI's tool-call deltas, each
+    whole: id, name and all its arguments at once)."""
+    delta: dict[str, Any] = {"content": content} if content or not calls else {}
+    if calls:
+        delta["tool_calls"] = calls
     if first:
         delta["role"] = "assistant"
-    reason = finish_reason(chunk["meta_info"]) if chunk["finished"] else None
     return {
         **head,
         "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}],

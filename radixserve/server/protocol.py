@@ -8,13 +8,14 @@ those gets a 400 naming it instead of an answer that silently ignores it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass
 
 from radixserve.engine import SamplingParams
 from radixserve.server.structured import StructuredFields
+from radixserve.server.tool_fields import ChatMessage, ToolFields
 
 TokenId = Annotated[int, Field(ge=0)]
 Text = Annotated[str, Field(min_length=1)]
@@ -59,19 +60,16 @@ class _OpenAIBase(StructuredFields):
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         default=None, description="token id (as a string) -> bias added to its logit"
     )
-    # OpenAI fields that would change the output and are not implemented
-    tools: list[Any] | None = Unsupported
-    tool_choice: Any = Unsupported
+    # OpenAI fields that would change the output and are not implemented (``functions``:
+    # the deprecated form of chat's ``tools``)
     functions: list[Any] | None = Unsupported
     function_call: Any = Unsupported
 
+    _unsupported: ClassVar[tuple[str, ...]] = ("functions", "function_call")
+
     @model_validator(mode="after")
     def _reject_unsupported(self):
-        unsupported = [
-            name
-            for name in ("tools", "tool_choice", "functions", "function_call")
-            if getattr(self, name) is not None
-        ]
+        unsupported = [name for name in self._unsupported if getattr(self, name) is not None]
         if unsupported:
             raise ValueError(f"not supported by this server: {', '.join(unsupported)}")
         self.grammar_fields()  # two structured outputs at once fail here
@@ -117,6 +115,10 @@ class CompletionRequest(_OpenAIBase):
     echo: bool = Field(default=False, description="return the prompt before each completion")
     suffix: str | None = Unsupported
     best_of: int | None = Field(default=None, description="supported only equal to n")
+    tools: list[Any] | None = Field(default=None, description="chat's; here a 400")
+    tool_choice: Any = Field(default=None, description="chat's; here a 400")
+
+    _unsupported: ClassVar[tuple[str, ...]] = ("functions", "function_call", "tools", "tool_choice")
 
     @model_validator(mode="after")
     def _reject_unsupported_completion_fields(self):
@@ -139,15 +141,19 @@ class CompletionRequest(_OpenAIBase):
         return {"input_ids": [list(x) for x in p]}
 
 
-class ChatMessage(_Body):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
-
-
-class ChatCompletionRequest(_OpenAIBase):
+class ChatCompletionRequest(ToolFields, _OpenAIBase):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="passed to the chat template (enable_thinking, say)"
+    )
+
+    @model_validator(mode="after")
+    def _one_grammar(self):
+        if self.forces_calls and self.grammar_fields():
+            raise ValueError("tool_choice that forces a call cannot go with structured output")
+        return self
 
 
 class GenerateRequest(_Body):

@@ -96,17 +96,25 @@ async def chat(
 ):
     check_model(request, body.model)
     engine: Engine = request.app.state.engine
-    ids = engine.apply_chat_template([m.model_dump() for m in body.messages])
+    messages = [m.for_template() for m in body.messages]
+    kwargs = body.chat_template_kwargs or {}
+    ids = engine.apply_chat_template(messages, tools=body.tool_dicts(), **kwargs)
+    tools = body.plan(engine.tool_format)
     k = body.top_logprobs or 0
-    params = body.sampling(256, n=body.n, return_logprob=body.logprobs, top_logprobs_num=k)
+    forced = {"ebnf": tools.grammar()} if tools is not None and tools.forced else {}
+    params = body.sampling(
+        256, n=body.n, return_logprob=body.logprobs, top_logprobs_num=k, **forced
+    )
     ns = namespace(tenant_ns, body.cache_salt)
     if body.stream:
         await engine.check_grammar(params)
         head = _head(request, "chat.completion.chunk", "chatcmpl")
         chunks = engine.generate_stream(input_ids=ids, sampling_params=params, namespace=ns)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return sse(openai_events(chunks, head, body.n, include, request.app.state.on_finish, True))
+        on_finish = request.app.state.on_finish
+        return sse(openai_events(chunks, head, body.n, include, on_finish, True, tools=tools))
     outs = await _run(request, {"input_ids": ids}, params, ns)
     head = _head(request, "chat.completion", "chatcmpl")
-    choices = [chat_choice(i, o, engine.tokenizer, body.logprobs) for i, o in enumerate(outs)]
+    tok = engine.tokenizer
+    choices = [chat_choice(i, o, tok, body.logprobs, tools) for i, o in enumerate(outs)]
     return {**head, "choices": choices, "usage": usage(outs, body.n)}

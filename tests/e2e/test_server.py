@@ -391,9 +391,21 @@ def test_echo_of_ids_outside_the_vocabulary_is_a_400(server, stream):
 def test_chat_fields_that_would_change_the_answer_are_refused(server):
     url, _ = server
     messages = [{"role": "user", "content": "hi"}]
-    for extra in ({"tools": [{"type": "function"}]}, {"functions": [{"name": "f"}]}):
+    for extra in ({"functions": [{"name": "f"}]}, {"function_call": "auto"}):
         r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, **extra})
         assert r.status_code == 400 and "not supported" in r.json()["error"]["message"]
+    tool = {"type": "function", "function": {"name": "f"}}
+    for extra, needle in [
+        ({"tools": [{"type": "function"}]}, "tools.0.function"),
+        ({"tool_choice": "required"}, "needs tools"),
+        ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "'g'"),
+        ({"tools": [tool], "tool_choice": "required", "regex": "a+"}, "structured output"),
+        ({"messages": [{"role": "user"}]}, "needs content"),
+    ]:
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, **extra})
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+    r = httpx.post(url + "/v1/completions", json={"prompt": "x", "tools": [tool]})
+    assert r.status_code == 400 and "not supported by this server: tools" in r.text
     ok = {"messages": messages, "max_tokens": 2, "response_format": {"type": "text"}}
     assert httpx.post(url + "/v1/chat/completions", json=ok).status_code == 200
 
