@@ -9,6 +9,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from jinja2 import TemplateError
+
 from radixserve.engine.tool_calls import ToolCall, ToolFormat
 
 ROLES = ("system", "user", "assistant")
@@ -33,9 +35,12 @@ def render_chat(
         messages = tool_messages(messages, tools or [], tool_format, native)
     if native and tools:
         template_kwargs["tools"] = tools
-    text = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=False, **template_kwargs
-    )
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False, **template_kwargs
+        )
+    except TemplateError as exc:  # a template that refuses a chat (roles out of order, say)
+        raise ValueError(f"the chat template refused these messages: {exc}") from None
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

@@ -51,10 +51,18 @@ def choice_ebnf(choices: Sequence[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
+def compiler_message(exc: Exception) -> str:
+    return _LOCATION.sub("", str(exc).strip())
+
+
 def json_schema_ebnf(schema: str) -> str:
     """An EBNF grammar (root rule ``root``) of compact JSON (no whitespace beyond the
     separators ", " and ": ", so a model cannot loop on spaces) valid against ``schema``."""
-    ebnf = str(xgrammar_module().Grammar.from_json_schema(schema, any_whitespace=False))
+    xgr = xgrammar_module()
+    try:
+        ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
+    except Exception as exc:  # the converter's own message names what is wrong
+        raise ValueError(f"the JSON schema does not compile: {compiler_message(exc)}") from None
     for loose in (_BOUNDED_STRING_CHAR, _UNBOUNDED_STRING_CHAR):
         ebnf = ebnf.replace(loose, _JSON_STRING_CHAR)
     return ebnf
@@ -122,8 +130,7 @@ class GrammarCompiler:
         except FutureTimeout:
             raise ValueError(f"{kind} did not compile within {self.timeout_s:g} s") from None
         except Exception as exc:  # the compiler's own message names what is wrong
-            message = _LOCATION.sub("", str(exc).strip())
-            raise ValueError(f"{kind} does not compile: {message}") from None
+            raise ValueError(f"{kind} does not compile: {compiler_message(exc)}") from None
 
     def _matcher(self, compiled):
         return xgrammar_module().GrammarMatcher(compiled)

@@ -109,7 +109,10 @@ class ToolFormat(ABC):
                     "additionalProperties": False,
                 }
             )
-        ebnf = json_schema_ebnf(json.dumps({"anyOf": cases}))
+        try:
+            ebnf = json_schema_ebnf(json.dumps({"anyOf": cases}))
+        except ValueError as exc:
+            raise ValueError(f"tools: {exc}") from None
         lines = [
             "tool_call_json" + line[len("root") :] if line.startswith("root ::=") else line
             for line in ebnf.splitlines()

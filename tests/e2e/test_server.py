@@ -395,11 +395,13 @@ def test_chat_fields_that_would_change_the_answer_are_refused(server):
         r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, **extra})
         assert r.status_code == 400 and "not supported" in r.json()["error"]["message"]
     tool = {"type": "function", "function": {"name": "f"}}
+    bad_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": 1}}}
     for extra, needle in [
         ({"tools": [{"type": "function"}]}, "tools.0.function"),
         ({"tool_choice": "required"}, "needs tools"),
         ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "'g'"),
         ({"tools": [tool], "tool_choice": "required", "regex": "a+"}, "structured output"),
+        ({"tools": [bad_tool], "tool_choice": "required"}, "tools: the JSON schema"),
         ({"messages": [{"role": "user"}]}, "needs content"),
     ]:
         r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, **extra})
