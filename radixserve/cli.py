@@ -67,6 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         quantize=args.quantize,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         device=args.device,
         seed=args.seed,
         cpu_profile=args.cpu_profile,
@@ -161,6 +162,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="how the model writes tool calls: hermes (<tool_call> blocks), llama3_json, or "
         "auto (from the chat template; hermes where it shows none)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=None,
+        help="return <think>...</think> as reasoning_content: qwen3 (the model opens it), "
+        "deepseek_r1 (the template opens it)",
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)

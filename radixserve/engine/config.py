@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.engine.reasoning import reasoning_format
 from radixserve.engine.tool_calls import TOOL_PARSERS
 
 POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
@@ -80,6 +81,9 @@ class EngineConfig:
     # how tool calls are written in the model's text (``engine/tool_calls.py``): hermes,
     # llama3_json, or auto (the one the chat template shows)
     tool_call_parser: str = "auto"
+    # how reasoning is marked in the text (``engine/reasoning.py``): qwen3, deepseek_r1;
+    # None: the text is all answer
+    reasoning_parser: str | None = None
     check_invariants: bool = False  # audit the tree after every step (slow; for tests)
 
     @property
@@ -140,6 +144,7 @@ class EngineConfig:
             )
         if not self.grammar_compile_timeout_s > 0:
             raise ValueError("grammar_compile_timeout_s must be positive")
+        reasoning_format(self.reasoning_parser)  # an unknown name raises
         if self.tool_call_parser not in TOOL_PARSERS:
             raise ValueError(
                 f"unknown tool_call_parser {self.tool_call_parser!r}; choose one of {TOOL_PARSERS}"

@@ -32,6 +32,7 @@ from radixserve.engine.logprobs import record_logprobs
 from radixserve.engine.metrics import EngineMetrics, routing_snapshot
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import Listener, request_output, stream_outputs
+from radixserve.engine.reasoning import ReasoningFormat, reasoning_format
 from radixserve.engine.req import Req
 from radixserve.engine.req_cache import ReqCacheManager
 from radixserve.engine.sampler import Sampler, add_logit_bias
@@ -176,6 +177,11 @@ class Engine:
         return render_chat(
             self.tokenizer, messages, add_generation_prompt, tools, fmt, **template_kwargs
         )
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        """How this model's reasoning is marked (``EngineConfig.reasoning_parser``)."""
+        return reasoning_format(self.config.reasoning_parser)
 
     @functools.cached_property
     def tool_format(self) -> ToolFormat:

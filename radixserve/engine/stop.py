@@ -84,3 +84,12 @@ def stable_text(text: str, stops: tuple[str, ...]) -> str:
                 hold = n
                 break
     return text[: len(text) - hold]
+
+
+def partial_suffix(text: str, tag: str) -> int:
+    """The length of the longest end of ``text`` that ``tag`` starts with: what a stream
+    holds back until it knows whether ``tag`` follows."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from radixserve.engine.grammar import json_schema_ebnf
+from radixserve.engine.stop import partial_suffix
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class _HermesStream(ToolStream):
                 content += self._content(self.buffer[:start])
                 self.buffer, self.inside = self.buffer[start + len(self.OPEN) :], True
                 continue
-            keep = _partial_suffix(self.buffer, self.OPEN)
+            keep = partial_suffix(self.buffer, self.OPEN)
             content += self._content(self.buffer[: len(self.buffer) - keep])
             self.buffer = self.buffer[len(self.buffer) - keep :]
             break
@@ -163,7 +164,7 @@ class _HermesStream(ToolStream):
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         if self.inside:  # an unclosed last call (the output ended on it)
-            body = self.buffer[: len(self.buffer) - _partial_suffix(self.buffer, self.CLOSE)]
+            body = self.buffer[: len(self.buffer) - partial_suffix(self.buffer, self.CLOSE)]
             call = ToolCall.from_json(body.strip(), "arguments")
             if call is not None:
                 self.buffer = ""
@@ -273,14 +274,6 @@ def tool_format(name: str, chat_template: str | None) -> ToolFormat:
     if "<tool_call>" not in template and ("<|python_tag|>" in template or "ipython" in template):
         return TOOL_FORMATS["llama3_json"]
     return TOOL_FORMATS["hermes"]
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of ``text`` that ``tag`` starts with."""
-    for n in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 def _json_objects(text: str) -> list[ToolCall | None]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from radixserve.server.tool_fields import ToolPlan
+if TYPE_CHECKING:
+    from radixserve.server.chat_output import ChatOutput
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -60,8 +61,8 @@ def completion_choice(index: int, out: dict, tok, top: int | None, echo: str | N
     }
 
 
-def chat_choice(index: int, out: dict, tok, with_logprobs: bool, tools: ToolPlan | None) -> dict:
-    """``tools``: how the text is parsed into calls (None: it is the content)."""
+def chat_choice(index: int, out: dict, tok, with_logprobs: bool, output: ChatOutput) -> dict:
+    """``output``: how the text becomes the message (reasoning, tool calls, content)."""
     meta = out["meta_info"]
     logprobs = None
     if with_logprobs:
@@ -79,9 +80,7 @@ def chat_choice(index: int, out: dict, tok, with_logprobs: bool, tools: ToolPlan
                 for (lp, t), alts in zip(meta["output_token_logprobs"], tops, strict=True)
             ]
         }
-    message, called = {"role": "assistant", "content": out["text"]}, False
-    if tools is not None:
-        message, called = tools.message(out["text"])
+    message, called = output.message(out["text"])
     return {
         "index": index,
         "message": message,
@@ -107,14 +106,8 @@ def completion_chunk(head: dict, index: int, chunk: dict) -> dict:
     return {**head, "choices": [choice]}
 
 
-def chat_chunk(
-    head: dict, index: int, content: str, calls: list[dict], first: bool, reason: str | None
-) -> dict:
-    """A delta of content and of completed ``calls`` (OpenAI's tool-call deltas, each
-    whole: id, name and all its arguments at once)."""
-    delta: dict[str, Any] = {"content": content} if content or not calls else {}
-    if calls:
-        delta["tool_calls"] = calls
+def chat_chunk(head: dict, index: int, delta: dict, first: bool, reason: str | None) -> dict:
+    """``delta``: content, reasoning and tool-call deltas (``ChatDeltas.step``)."""
     if first:
         delta["role"] = "assistant"
     return {

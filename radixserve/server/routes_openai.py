@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request
 
 from radixserve.engine import Engine, SamplingParams
 from radixserve.server.auth import namespace, tenant
+from radixserve.server.chat_output import ChatOutput
 from radixserve.server.errors import KEY_ERRORS, STREAMING, ApiError
 from radixserve.server.openai_format import chat_choice, completion_choice, usage
 from radixserve.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -100,6 +101,7 @@ async def chat(
     kwargs = body.chat_template_kwargs or {}
     ids = engine.apply_chat_template(messages, tools=body.tool_dicts(), **kwargs)
     tools = body.plan(engine.tool_format)
+    output = ChatOutput(engine.reasoning_format, tools)
     k = body.top_logprobs or 0
     forced = {"ebnf": tools.grammar()} if tools is not None and tools.forced else {}
     params = body.sampling(
@@ -112,9 +114,9 @@ async def chat(
         chunks = engine.generate_stream(input_ids=ids, sampling_params=params, namespace=ns)
         include = bool(body.stream_options and body.stream_options.include_usage)
         on_finish = request.app.state.on_finish
-        return sse(openai_events(chunks, head, body.n, include, on_finish, True, tools=tools))
+        return sse(openai_events(chunks, head, body.n, include, on_finish, True, output=output))
     outs = await _run(request, {"input_ids": ids}, params, ns)
     head = _head(request, "chat.completion", "chatcmpl")
     tok = engine.tokenizer
-    choices = [chat_choice(i, o, tok, body.logprobs, tools) for i, o in enumerate(outs)]
+    choices = [chat_choice(i, o, tok, body.logprobs, output) for i, o in enumerate(outs)]
     return {**head, "choices": choices, "usage": usage(outs, body.n)}

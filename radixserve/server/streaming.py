@@ -9,15 +9,9 @@ from contextlib import aclosing
 
 from fastapi.responses import StreamingResponse
 
+from radixserve.server.chat_output import ChatDeltas, ChatOutput
 from radixserve.server.errors import ApiError
-from radixserve.server.openai_format import (
-    chat_chunk,
-    chat_finish_reason,
-    completion_chunk,
-    finish_reason,
-    usage,
-)
-from radixserve.server.tool_fields import ToolPlan, tool_call_dicts
+from radixserve.server.openai_format import chat_chunk, completion_chunk, usage
 
 
 def sse(events: AsyncIterator[dict]) -> StreamingResponse:
@@ -48,14 +42,15 @@ async def openai_events(
     on_finish: Callable[[dict], None],
     chat: bool,
     echo: list[str] | None = None,
-    tools: ToolPlan | None = None,
+    output: ChatOutput | None = None,
 ) -> AsyncIterator[dict]:
     """``head``: the fields every event repeats (id, object, created, model). ``echo``: the
-    text each prompt's choices open with (completions with ``echo``); ``tools``: how a
-    chat's text is parsed into calls."""
+    text each prompt's choices open with (completions with ``echo``); ``output``: how a
+    chat's text is parsed (reasoning, tool calls)."""
     metas: dict[int, dict] = {}
     started: set[int] = set()
     parsers: dict[int, ChatDeltas] = {}
+    output = output or ChatOutput(None, None)
     async with aclosing(chunks):
         async for chunk in chunks:
             index = chunk["index"]
@@ -64,8 +59,8 @@ async def openai_events(
             if first and echo is not None:
                 chunk = {**chunk, "text": echo[index // n] + chunk["text"]}
             if chat:
-                deltas = parsers.setdefault(index, ChatDeltas(tools))
-                yield chat_chunk(head, index, *deltas.step(chunk), first, deltas.reason(chunk))
+                deltas = parsers.setdefault(index, output.deltas())
+                yield chat_chunk(head, index, deltas.step(chunk), first, deltas.reason(chunk))
             else:
                 yield completion_chunk(head, index, chunk)
             if chunk["finished"]:
@@ -73,30 +68,3 @@ async def openai_events(
                 on_finish(metas[index])
     if include_usage:  # choices in index order, so each prompt's n samples group together
         yield {**head, "choices": [], "usage": usage([metas[i] for i in sorted(metas)], n)}
-
-
-class ChatDeltas:
-    """One chat choice's stream: its text, through the tool parser where there is one."""
-
-    def __init__(self, tools: ToolPlan | None) -> None:
-        self.stream = tools.stream() if tools is not None else None
-        self.calls = 0
-
-    def step(self, chunk: dict) -> tuple[str, list[dict]]:
-        """The content and the completed calls this chunk brings."""
-        if self.stream is None:
-            return chunk["text"], []
-        content, calls = self.stream.feed(chunk["text"])
-        if chunk["finished"]:
-            rest, more = self.stream.finish()
-            content, calls = content + rest, calls + more
-        entries = tool_call_dicts(calls, self.calls)
-        self.calls += len(calls)
-        return content, entries
-
-    def reason(self, chunk: dict) -> str | None:
-        if not chunk["finished"]:
-            return None
-        if self.stream is None:
-            return finish_reason(chunk["meta_info"])
-        return chat_finish_reason(chunk["meta_info"], self.calls > 0)
