@@ -10,7 +10,6 @@ started once more; one that had ends with an error event. Nothing is lost silent
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import AsyncIterator
 
@@ -18,7 +17,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 
-from radixserve.engine.chat_format import ChatFormat, render_chat
+from radixserve.engine.chat_format import ChatTemplating
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.intake import RequestFactory
 from radixserve.engine.sampling_params import SamplingParams
@@ -31,7 +30,7 @@ MEANS = ("kv_usage", "memory_dedup_ratio", "request_hit_rate")
 QUANTILES = ("_p50_s", "_p99_s", "_p50_us", "_p99_us")  # the worst replica's
 
 
-class ClusterEngine:
+class ClusterEngine(ChatTemplating):
     def __init__(
         self, handle, config: EngineConfig, tokenizer, vocab_size: int, context_len: int, directory
     ) -> None:
@@ -68,13 +67,6 @@ class ClusterEngine:
     async def check_grammar(self, sampling_params: SamplingParams) -> None:
         if sampling_params.grammar is not None:
             await self._call("check_grammar", {"sampling_params": sampling_params})
-
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt=True) -> list[int]:
-        return render_chat(self.tokenizer, messages, add_generation_prompt)
-
-    @functools.cached_property
-    def chat_format(self) -> ChatFormat:
-        return ChatFormat.from_tokenizer(self.tokenizer)
 
     async def _call(self, method: str, payload: dict):
         for attempt in (1, 2):

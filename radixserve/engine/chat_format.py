@@ -11,7 +11,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from radixserve.engine.tool_calls import ToolCall, ToolFormat
+from radixserve.engine.reasoning import ReasoningFormat, reasoning_format
+from radixserve.engine.tool_calls import ToolCall, ToolFormat, tool_format
 
 ROLES = ("system", "user", "assistant")
 _PROBE_TOOL = {"type": "function", "function": {"name": "radixserve_probe", "parameters": {}}}
@@ -25,9 +26,54 @@ def render_chat(
     tool_format: ToolFormat | None = None,
     **template_kwargs: Any,
 ) -> list[int]:
-    """Token ids of ``messages`` rendered by the tokenizer's chat template. Where the
-    template has no tool section, ``tools`` are described in the system message and
-    earlier calls and results written as ``tool_format`` has the model write them."""
+    """Token ids of ``messages`` rendered by the tokenizer's chat template (``chat_text``)."""
+    text = chat_text(
+        tokenizer, messages, add_generation_prompt, tools, tool_format, **template_kwargs
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def continuation_ids(
+    tokenizer,
+    earlier: list[dict],
+    answer: str,
+    ended_on: str | None,
+    new: list[dict],
+    tools: list[dict] | None = None,
+    tool_format: ToolFormat | None = None,
+    **template_kwargs: Any,
+) -> list[int] | None:
+    """The token ids that follow an earlier prompt (``earlier`` rendered) and its
+    ``answer`` (which ended on the token whose text is ``ended_on``) to ask for the next
+    turn: the template's end of the answer's turn, the ``new`` messages and the generation
+    prompt. Appended to the earlier ids, the earlier tokens stay exactly as they were (no
+    re-tokenization), so the cache holds all of them. None where the template renders the
+    earlier turns differently once new ones follow."""
+
+    def text(messages: list[dict]) -> str:
+        return chat_text(tokenizer, messages, True, tools, tool_format, **template_kwargs)
+
+    before = text(earlier) + answer
+    after = text([*earlier, {"role": "assistant", "content": answer}, *new])
+    if not after.startswith(before):
+        return None
+    rest = after[len(before) :]
+    if ended_on and rest.startswith(ended_on):
+        rest = rest[len(ended_on) :]
+    return tokenizer(rest, add_special_tokens=False)["input_ids"]
+
+
+def chat_text(
+    tokenizer,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
+    tools: list[dict] | None = None,
+    tool_format: ToolFormat | None = None,
+    **template_kwargs: Any,
+) -> str:
+    """``messages`` rendered by the tokenizer's chat template. Where the template has no
+    tool section, ``tools`` are described in the system message and earlier calls and
+    results written as ``tool_format`` has the model write them."""
     native = template_takes_tools(tokenizer)
     if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
         if tool_format is None:
@@ -41,7 +87,7 @@ def render_chat(
         )
     except TemplateError as exc:  # a template that refuses a chat (roles out of order, say)
         raise ValueError(f"the chat template refused these messages: {exc}") from None
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text
 
 
 @functools.lru_cache(maxsize=8)
@@ -139,3 +185,40 @@ class ChatFormat:
     @classmethod
     def from_dict(cls, data: dict) -> ChatFormat:
         return cls(**data)
+
+
+class ChatTemplating:
+    """Chats rendered by the model's template, for an engine (or a cluster's front door)
+    that has ``tokenizer`` and ``config`` (an ``EngineConfig``)."""
+
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        **template_kwargs,
+    ) -> list[int]:
+        """Token ids of ``messages`` (OpenAI's, tool calls and results included) rendered by
+        the model's chat template, with ``tools`` (OpenAI's function tools) described;
+        ``template_kwargs`` go to the template (``enable_thinking``, say)."""
+        fmt = self.tool_format
+        return render_chat(
+            self.tokenizer, messages, add_generation_prompt, tools, fmt, **template_kwargs
+        )
+
+    @property
+    def reasoning_format(self) -> ReasoningFormat | None:
+        """How this model's reasoning is marked (``EngineConfig.reasoning_parser``)."""
+        return reasoning_format(self.config.reasoning_parser)
+
+    @functools.cached_property
+    def tool_format(self) -> ToolFormat:
+        """How this model writes tool calls (``EngineConfig.tool_call_parser``)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return tool_format(self.config.tool_call_parser, template)
+
+    @functools.cached_property
+    def chat_format(self) -> ChatFormat:
+        """Per-role openings and closings of the chat template, for programs that add roles
+        one at a time; ``ValueError`` when the template cannot be taken apart that way."""
+        return ChatFormat.from_tokenizer(self.tokenizer)

@@ -22,7 +22,7 @@ from radixserve.cache import create_prefix_cache
 from radixserve.cpu import CpuProfile
 from radixserve.cpu.native import load_native
 from radixserve.engine import compute_thread
-from radixserve.engine.chat_format import ChatFormat, render_chat
+from radixserve.engine.chat_format import ChatTemplating
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.constrained import ConstrainedDecoding
 from radixserve.engine.grammar import GrammarCompiler
@@ -32,7 +32,6 @@ from radixserve.engine.logprobs import record_logprobs
 from radixserve.engine.metrics import EngineMetrics, routing_snapshot
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import Listener, request_output, stream_outputs
-from radixserve.engine.reasoning import ReasoningFormat, reasoning_format
 from radixserve.engine.req import Req
 from radixserve.engine.req_cache import ReqCacheManager
 from radixserve.engine.sampler import Sampler, add_logit_bias
@@ -40,7 +39,6 @@ from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import Scheduler
 from radixserve.engine.stop import StopChecker
 from radixserve.engine.tiers import create_tiers
-from radixserve.engine.tool_calls import ToolFormat, tool_format
 from radixserve.engine.trace_recorder import TraceRecorder
 from radixserve.memory import KVSlotAllocator
 from radixserve.memory.host_malloc import keep_freed_memory
@@ -48,7 +46,7 @@ from radixserve.memory.host_malloc import keep_freed_memory
 logger = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(ChatTemplating):
     def __init__(self, model: str = "tiny", **options) -> None:
         self.config = EngineConfig(model=model, **options)
         if self.config.tune_malloc:  # before the threads below allocate (host_malloc.py)
@@ -162,38 +160,6 @@ class Engine:
         ``ValueError`` with the compiler's reason when it does not compile."""
         if sampling_params.grammar is not None:
             await self.grammars.result_async(sampling_params)
-
-    def apply_chat_template(
-        self,
-        messages: list[dict],
-        add_generation_prompt: bool = True,
-        tools: list[dict] | None = None,
-        **template_kwargs,
-    ) -> list[int]:
-        """Token ids of ``messages`` (OpenAI's, tool calls and results included) rendered by
-        the model's chat template, with ``tools`` (OpenAI's function tools) described;
-        ``template_kwargs`` go to the template (``enable_thinking``, say)."""
-        fmt = self.tool_format
-        return render_chat(
-            self.tokenizer, messages, add_generation_prompt, tools, fmt, **template_kwargs
-        )
-
-    @property
-    def reasoning_format(self) -> ReasoningFormat | None:
-        """How this model's reasoning is marked (``EngineConfig.reasoning_parser``)."""
-        return reasoning_format(self.config.reasoning_parser)
-
-    @functools.cached_property
-    def tool_format(self) -> ToolFormat:
-        """How this model writes tool calls (``EngineConfig.tool_call_parser``)."""
-        template = getattr(self.tokenizer, "chat_template", None)
-        return tool_format(self.config.tool_call_parser, template)
-
-    @functools.cached_property
-    def chat_format(self) -> ChatFormat:
-        """Per-role openings and closings of the chat template, for programs that add roles
-        one at a time; ``ValueError`` when the template cannot be taken apart that way."""
-        return ChatFormat.from_tokenizer(self.tokenizer)
 
     def abort(self, rid: str) -> None:
         def command() -> None:

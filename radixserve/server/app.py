@@ -1,6 +1,6 @@
 """The FastAPI app over one ``Engine``: OpenAI-compatible and native routes
-(``routes_openai``, ``routes_native``), errors in OpenAI's shape, a bound on body size,
-and a lifespan that logs throughput and stops the engine at shutdown."""
+(``routes_openai``, ``routes_responses``, ``routes_native``), errors in OpenAI's shape, a
+bound on body size, and a lifespan that logs throughput and stops the engine at shutdown."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixserve.engine import Engine
-from radixserve.server import routes_native, routes_openai
+from radixserve.server import routes_native, routes_openai, routes_responses
 from radixserve.server.errors import ApiError, error_response
 from radixserve.server.metrics import ServerMetrics
+from radixserve.server.response_store import ResponseStore
 
 logger = logging.getLogger("radixserve.server")
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -48,12 +49,14 @@ def create_app(
     app.state.api_keys = api_keys
     app.state.metrics = metrics
     app.state.on_finish = lambda out: _finished(metrics, out)
+    app.state.responses = ResponseStore()
     try:  # what frontend programs need to open and close roles themselves
         app.state.chat_format = engine.chat_format.to_dict()
     except ValueError:
         app.state.chat_format = None
     app.include_router(routes_openai.router)
     app.include_router(routes_native.router)
+    app.include_router(routes_responses.router)
     _install_error_handlers(app)
     app.openapi = lambda: _openapi(app)
     return app

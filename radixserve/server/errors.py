@@ -28,15 +28,15 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
     return JSONResponse(body, status_code=status)
 
 
-def _doc(description: str) -> dict:
+def error_doc(description: str) -> dict:
     return {"model": ErrorResponse, "description": description}
 
 
 # What a route that takes a body (and, with --api-keys, a key) can answer besides 200.
 BODY_ERRORS: dict[int | str, dict] = {
-    400: _doc("invalid request: a malformed body, a field out of range, an unsupported field"),
-    401: _doc("a valid API key is required (servers started with --api-keys)"),
-    413: _doc("request body too large"),
+    400: error_doc("invalid request: a malformed body, a field out of range, an unsupported field"),
+    401: error_doc("a valid API key is required (servers started with --api-keys)"),
+    413: error_doc("request body too large"),
 }
 KEY_ERRORS: dict[int | str, dict] = {401: BODY_ERRORS[401]}
 # Routes that stream server-sent events when the body asks for ``stream``.

@@ -111,8 +111,9 @@ class ToolFields(BaseModel):
     def tool_dicts(self) -> list[dict] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
-    def plan(self, fmt: ToolFormat) -> ToolPlan | None:
-        """How the answer is parsed (None: it is plain content: no tools, or ``none``)."""
+    def plan(self, fmt: ToolFormat, max_calls: int | None = None) -> ToolPlan | None:
+        """How the answer is parsed (None: it is plain content: no tools, or ``none``);
+        ``max_calls``: a bound on the calls besides ``parallel_tool_calls``."""
         if not self.tools or self.tool_choice == "none":
             return None
         tools = self.tool_dicts()
@@ -120,7 +121,8 @@ class ToolFields(BaseModel):
             named = self.tool_choice.function.name
             allowed = [t for t in tools if t["function"]["name"] == named]
             return ToolPlan(fmt, allowed, forced=True, max_calls=1)
-        max_calls = None if self.parallel_tool_calls else 1
+        if not self.parallel_tool_calls:
+            max_calls = 1
         return ToolPlan(fmt, tools, forced=self.tool_choice == "required", max_calls=max_calls)
 
 
