@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
 from radixserve.engine import ChatFormat, Engine, SamplingParams
+from radixserve.engine.tool_calls import ToolFormat
 
 OnText = Callable[[str], None]
 
@@ -18,6 +19,11 @@ class BaseBackend(ABC):
     @property
     @abstractmethod
     def chat_format(self) -> ChatFormat: ...
+
+    @property
+    @abstractmethod
+    def tool_format(self) -> ToolFormat:
+        """How the model writes tool calls."""
 
     @abstractmethod
     def tokenize(self, text: str) -> list[int]:
@@ -74,6 +80,10 @@ class EngineBackend(BaseBackend):
     @property
     def chat_format(self) -> ChatFormat:
         return self.engine.chat_format
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        return self.engine.tool_format
 
     def tokenize(self, text: str) -> list[int]:
         return self.engine.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -34,12 +34,23 @@ GEN_FIELDS = frozenset(
 class Gen:
     name: str | None
     overrides: dict[str, Any] = field(default_factory=dict)
+    tools: tuple[dict, ...] = ()  # OpenAI function tools the text may call
+    tool_choice: str = "auto"  # auto, required, or a tool's name (the last two forced)
 
     def params(self, defaults: dict[str, Any]) -> SamplingParams:
         unknown = set(defaults) - GEN_FIELDS
         if unknown:
             raise ValueError(f"unknown sampling defaults {sorted(unknown)}")
         return SamplingParams(**{**defaults, **self.overrides})
+
+    @property
+    def forced_tools(self) -> list[dict]:
+        """The tools a forced choice may call (none where the choice is ``auto``)."""
+        if self.tool_choice == "auto":
+            return []
+        if self.tool_choice == "required":
+            return list(self.tools)
+        return [t for t in self.tools if t["function"]["name"] == self.tool_choice]
 
 
 @dataclass(frozen=True)
@@ -70,10 +81,15 @@ def gen(
     regex: str | None = None,
     json_schema: dict | str | None = None,
     choices: list[str] | tuple[str, ...] | None = None,
+    tools: list[dict] | None = None,
+    tool_choice: str = "auto",
 ) -> Gen:
     """Generate text at this point of the program; ``s[name]`` reads it back. ``regex``,
     ``json_schema`` or ``choices`` constrain what is generated (``select`` instead scores
-    each choice by its likelihood)."""
+    each choice by its likelihood). With ``tools`` (OpenAI function tools; describe them
+    with ``s.tool_instructions``), the calls the text makes are parsed into
+    ``s.get_meta_info(name)["tool_calls"]``; ``tool_choice`` ``required`` or a tool's name
+    forces calls by grammar."""
     given = {
         "max_new_tokens": max_tokens,
         "stop": stop,
@@ -92,7 +108,13 @@ def gen(
     }
     overrides = {k: v for k, v in given.items() if v is not None}
     SamplingParams(**overrides)  # bad values fail here, where they are written
-    return Gen(name, overrides)
+    result = Gen(name, overrides, tuple(tools or ()), tool_choice)
+    names = [t.get("function", {}).get("name") for t in result.tools]
+    if tool_choice not in ("auto", "required") and tool_choice not in names:
+        raise ValueError(f"tool_choice {tool_choice!r} is not auto, required or a tool's name")
+    if result.forced_tools and (regex or json_schema or choices):
+        raise ValueError("a forced tool_choice cannot go with regex, json_schema or choices")
+    return result
 
 
 def select(name: str | None = None, choices: list[str] | tuple[str, ...] = ()) -> Select:

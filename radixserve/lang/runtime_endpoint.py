@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import httpx
 
 from radixserve.engine import ChatFormat, SamplingParams
+from radixserve.engine.tool_calls import TOOL_FORMATS, ToolFormat
 from radixserve.lang.backend import BaseBackend, OnText, StreamCollector, scoring_params
 
 _PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} - {
@@ -39,6 +40,10 @@ class RuntimeEndpoint(BaseBackend):
         if data is None:
             raise ValueError(f"the model served at {self.url} has no chat template")
         return ChatFormat.from_dict(data)
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        return TOOL_FORMATS[self.info["tool_format"]]
 
     def tokenize(self, text: str) -> list[int]:
         return self._call("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})[

@@ -12,6 +12,7 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from radixserve.lang.backend import BaseBackend
@@ -117,6 +118,16 @@ class ProgramState:
         self.sync()
         return list(self._ids)
 
+    def tool_instructions(self, tools: list[dict]) -> str:
+        """The text that tells this backend's model about ``tools`` (for a system message;
+        a template with its own tool section is not used by programs, which write roles
+        themselves)."""
+        return self.backend.tool_format.instructions(tools)
+
+    def tool_result(self, content: str) -> str:
+        """A tool's result as the user turn that hands it back to the model."""
+        return self.backend.tool_format.response(content)
+
     def messages(self) -> list[dict]:
         self.sync()
         return list(self._messages)
@@ -213,6 +224,10 @@ class ProgramState:
 
     def _gen(self, gen: Gen) -> None:
         params = gen.params(self.defaults)
+        fmt = self.backend.tool_format if gen.tools else None
+        if forced := gen.forced_tools:
+            max_calls = 1 if gen.tool_choice != "required" else len(forced)
+            params = replace(params, ebnf=fmt.grammar(forced, max_calls))
         self._meet_siblings()
         on_text = self._pieces.put if self.stream else None
         out = self.backend.generate(self._ids, params, on_text)
@@ -228,6 +243,12 @@ class ProgramState:
         self._text += text
         if not self.stream:
             self._pieces.put(text)
+        if fmt is not None:
+            calls = fmt.parse(text)[1]
+            meta = {
+                **meta,
+                "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls],
+            }
         self._set(gen.name, text, meta)
 
     def _select(self, sel: Select) -> None:

@@ -42,6 +42,7 @@ async def server_info(request: Request):
         "config": engine.config.__dict__,
         "context_len": engine.context_len,
         "chat_format": state.chat_format,
+        "tool_format": engine.tool_format.name,
         "cpu_profile": engine.cpu_profile.to_dict() if engine.cpu_profile else None,
         "weights": engine.weights,
         **stats,

@@ -292,3 +292,46 @@ def test_gen_constrains_by_regex_schema_and_choices_and_later_calls_see_it(backe
         assert 0 <= json.loads(state["data"])["n"] <= 99
         assert state["colour"] in ("red", "blue")
         assert state.text().endswith(f"Colour: {state['colour']}\nWhy: {state['why']}")
+
+
+def test_gen_with_tools_forces_and_parses_calls_on_both_backends(backend):
+    import json
+
+    import jsonschema
+
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 12}},
+                "required": ["city"],
+            },
+        },
+    }
+    closed = {"type": "object", "properties": {}, "additionalProperties": False}
+    clock = {"type": "function", "function": {"name": "get_time", "parameters": closed}}
+
+    @rs.function
+    def agent(s, choice):
+        with s.system():
+            s += "You help with errands.\n\n" + s.tool_instructions([weather, clock])
+        s += rs.user("Weather in Oslo?")
+        s += rs.assistant(rs.gen("call", max_tokens=120, tools=[weather, clock],
+                                 tool_choice=choice, temperature=1.0))  # fmt: skip
+        s += rs.user(s.tool_result("rain"))
+        s += rs.assistant(rs.gen("answer", max_tokens=6))
+
+    for seed, choice in [(0, "required"), (1, "get_time"), (2, "required")]:
+        state = agent.run(backend=backend, seed=seed, choice=choice)
+        calls = state.get_meta_info("call")["tool_calls"]
+        assert calls and len(calls) <= 2, state["call"]
+        for call in calls:
+            tool = weather if call["name"] == "get_weather" else clock
+            jsonschema.validate(json.loads(call["arguments"]), tool["function"]["parameters"])
+        if choice == "get_time":
+            assert [c["name"] for c in calls] == ["get_time"]
+        assert "<tool_response>\nrain\n</tool_response>" in state.text()
+    with pytest.raises(ValueError, match="tool_choice"):
+        rs.gen("x", tools=[weather], tool_choice="get_time")
