@@ -45,21 +45,36 @@ class ClusterEngine(ChatTemplating):
     # ---- generation ----------------------------------------------------------------------
 
     async def async_generate(
-        self, prompt=None, sampling_params=None, *, input_ids=None, namespace=None, rid=None
+        self,
+        prompt=None,
+        sampling_params=None,
+        *,
+        input_ids=None,
+        namespace=None,
+        rid=None,
+        affinity: str | None = None,
     ) -> dict | list:
         prompts, single = self.requests.prompts(prompt, sampling_params, input_ids)
-        calls = [self._call("generate", _payload(ids, p, namespace)) for ids, p in prompts]
+        payloads = [_payload(ids, p, namespace, affinity) for ids, p in prompts]
+        calls = [self._call("generate", payload) for payload in payloads]
         outs = [o for out in await asyncio.gather(*calls) for o in _as_list(out)]
         return outs[0] if single and len(outs) == 1 else outs
 
     def generate_stream(
-        self, prompt=None, sampling_params=None, *, input_ids=None, namespace=None, rid=None
+        self,
+        prompt=None,
+        sampling_params=None,
+        *,
+        input_ids=None,
+        namespace=None,
+        rid=None,
+        affinity: str | None = None,
     ) -> AsyncIterator[dict]:
         """Chunks as ``Engine.generate_stream`` gives them; bad input raises here."""
         prompts, _ = self.requests.prompts(prompt, sampling_params, input_ids)
         offsets = [sum(p.n for _, p in prompts[:i]) for i in range(len(prompts))]
         streams = [
-            self._stream(_payload(ids, p, namespace), offset)
+            self._stream(_payload(ids, p, namespace, affinity), offset)
             for (ids, p), offset in zip(prompts, offsets, strict=True)
         ]
         return streams[0] if len(streams) == 1 else _merge(streams)
@@ -143,8 +158,13 @@ class ClusterEngine(ChatTemplating):
         """Nothing to stop here: Serve owns the replicas."""
 
 
-def _payload(ids, params: SamplingParams, namespace) -> dict:
-    return {"input_ids": ids, "sampling_params": params, "namespace": namespace}
+def _payload(ids, params: SamplingParams, namespace, affinity: str | None) -> dict:
+    return {
+        "input_ids": ids,
+        "sampling_params": params,
+        "namespace": namespace,
+        "affinity": affinity,
+    }
 
 
 def _as_list(out) -> list:

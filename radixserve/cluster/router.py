@@ -9,7 +9,9 @@ process, one per handle).
   each replica's digest (``cache.digest``, refreshed every routing-stats period) and, until
   the next digest shows them, the router's own recent sends; a replica's load is the
   prefill it reports queued plus what this router sent it since that report and it has
-  not answered yet. Nothing matching anywhere: power of two choices on load.
+  not answered yet. Nothing matching anywhere: the replica the request's affinity key
+  (OpenAI's ``prompt_cache_key``) hashes to, unless it is busy past the tolerance; else
+  power of two choices on load.
 - ``RoundRobinRouter`` and ``PowerOfTwoRouter``: the baselines.
 
 Every router honours ``payload["replica"]``: the front door addressing one replica.
@@ -18,6 +20,7 @@ Serve then takes the least loaded replica of the first rank that has room.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 import threading
@@ -31,6 +34,19 @@ from radixserve.cache.digest import short
 from radixserve.cache.page_keys import page_keys, root_key
 
 Ranks = list[list[RunningReplica]]
+
+
+def _id(replica: RunningReplica) -> str:
+    return replica.replica_id.unique_id
+
+
+def _home(replicas: list[RunningReplica], affinity: str | None) -> RunningReplica | None:
+    """The replica an affinity key maps to (the same one while the replicas stay)."""
+    if not affinity:
+        return None
+    ordered = sorted(replicas, key=_id)
+    digest = int.from_bytes(hashlib.blake2b(affinity.encode(), digest_size=8).digest(), "big")
+    return ordered[digest % len(ordered)]
 
 
 def _payload(request: PendingRequest | None) -> dict | None:
@@ -133,8 +149,10 @@ class PrefixRouter(_Router):
 
         if any(matched.values()):
             chosen = max(replicas, key=saving)
+        elif (home := _home(replicas, payload.get("affinity"))) and load[_id(home)] <= free:
+            chosen = home  # the caller's affinity key (prompt_cache_key) picks, if not busy
         else:  # nothing to save anywhere: power of two choices on load
-            chosen = min(random.sample(replicas, 2), key=lambda r: load[r.replica_id.unique_id])
+            chosen = min(random.sample(replicas, 2), key=lambda r: load[_id(r)])
         self._remember(chosen.replica_id.unique_id, keys, now)
         self._costs[id(request)] = len(ids) - matched[chosen.replica_id.unique_id]
         while len(self._costs) > 10_000:  # requests routed again, or never sent

@@ -152,7 +152,7 @@ def pack(
         return None
     with_panels = panels and profile.native and paths.panel_rows > 0
     panel_weight = load_native().pack_panels(weight.detach()) if with_panels else None
-    with_onednn = blocked and paths.onednn_rows is not None
+    with_onednn = blocked and paths.onednn_rows is not None and onednn.supports(weight.dtype)
     onednn_weight = onednn.pack(weight) if with_onednn else None
     if panel_weight is None and onednn_weight is None:
         return None

@@ -16,6 +16,14 @@ def available() -> bool:
     )
 
 
+def supports(dtype: torch.dtype) -> bool:
+    """Whether oneDNN multiplies ``dtype`` here (bfloat16 needs AVX-512 or AVX-NE-CONVERT;
+    a profile pinned on another CPU may ask for it where it cannot run)."""
+    if not available():
+        return False
+    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
     """``x @ weight.T (+ bias)`` in oneDNN, ``weight`` plain or laid out by ``pack``."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")

@@ -128,9 +128,18 @@ class Engine(ChatTemplating):
         return outs[0] if single and len(outs) == 1 else outs
 
     async def async_generate(
-        self, prompt=None, sampling_params=None, *, input_ids=None, namespace=None, rid=None
+        self,
+        prompt=None,
+        sampling_params=None,
+        *,
+        input_ids=None,
+        namespace=None,
+        rid=None,
+        affinity: str | None = None,
     ) -> dict | list:
-        """``generate`` for asyncio callers; cancelling it aborts its requests."""
+        """``generate`` for asyncio callers; cancelling it aborts its requests.
+        ``affinity``: OpenAI's ``prompt_cache_key``, a hint a cluster's router follows to
+        keep requests together; one engine serves them all anyway."""
         reqs, single = self.requests.make(prompt, sampling_params, input_ids, namespace, rid)
         await self.grammars.bind_async(reqs)
         futures = [asyncio.wrap_future(self._submit(r)) for r in reqs]
@@ -143,7 +152,14 @@ class Engine(ChatTemplating):
         return outs[0] if single and len(outs) == 1 else list(outs)
 
     def generate_stream(
-        self, prompt=None, sampling_params=None, *, input_ids=None, namespace=None, rid=None
+        self,
+        prompt=None,
+        sampling_params=None,
+        *,
+        input_ids=None,
+        namespace=None,
+        rid=None,
+        affinity: str | None = None,
     ) -> AsyncIterator[dict]:
         """Chunks ``{"index", "rid", "text": delta, "token_ids": new ids, "finished"}`` of
         every request as they come (``index`` in ``generate``'s output order: prompt by

@@ -56,6 +56,9 @@ class _OpenAIBase(StructuredFields):
     min_p: float = Field(default=0.0, ge=0, le=1)
     repetition_penalty: float = Field(default=1.0, gt=0)
     cache_salt: str | None = None
+    prompt_cache_key: str | None = Field(
+        default=None, description="requests with one key go to one replica (--replicas)"
+    )
     ignore_eos: bool = False
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         default=None, description="token id (as a string) -> bias added to its logit"

@@ -33,9 +33,13 @@ def _head(request: Request, kind: str, prefix: str) -> dict:
     }
 
 
-async def _run(request: Request, source: dict, params: SamplingParams, ns: object) -> list:
+async def _run(
+    request: Request, source: dict, params: SamplingParams, ns: object, affinity: str | None
+) -> list:
     engine: Engine = request.app.state.engine
-    outs = await engine.async_generate(sampling_params=params, namespace=ns, **source)
+    outs = await engine.async_generate(
+        sampling_params=params, namespace=ns, affinity=affinity, **source
+    )
     outs = outs if isinstance(outs, list) else [outs]
     for out in outs:
         request.app.state.on_finish(out)
@@ -77,11 +81,13 @@ async def completions(
     head = _head(request, "text_completion", "cmpl")
     if body.stream:
         await engine.check_grammar(params)  # a bad grammar is a 400, not an error event
-        chunks = engine.generate_stream(sampling_params=params, namespace=ns, **source)
+        chunks = engine.generate_stream(
+            sampling_params=params, namespace=ns, affinity=body.prompt_cache_key, **source
+        )
         include = bool(body.stream_options and body.stream_options.include_usage)
         on_finish = request.app.state.on_finish
         return sse(openai_events(chunks, head, body.n, include, on_finish, False, echoed()))
-    outs = await _run(request, source, params, ns)
+    outs = await _run(request, source, params, ns, body.prompt_cache_key)
     echo = echoed()
     top = body.logprobs if logprobs else None
     choices = [
@@ -111,11 +117,13 @@ async def chat(
     if body.stream:
         await engine.check_grammar(params)
         head = _head(request, "chat.completion.chunk", "chatcmpl")
-        chunks = engine.generate_stream(input_ids=ids, sampling_params=params, namespace=ns)
+        chunks = engine.generate_stream(
+            input_ids=ids, sampling_params=params, namespace=ns, affinity=body.prompt_cache_key
+        )
         include = bool(body.stream_options and body.stream_options.include_usage)
         on_finish = request.app.state.on_finish
         return sse(openai_events(chunks, head, body.n, include, on_finish, True, output=output))
-    outs = await _run(request, {"input_ids": ids}, params, ns)
+    outs = await _run(request, {"input_ids": ids}, params, ns, body.prompt_cache_key)
     head = _head(request, "chat.completion", "chatcmpl")
     tok = engine.tokenizer
     choices = [chat_choice(i, o, tok, body.logprobs, output) for i, o in enumerate(outs)]

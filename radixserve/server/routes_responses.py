@@ -124,9 +124,13 @@ async def create_response(
 
     if body.stream:
         await engine.check_grammar(params)
-        chunks = engine.generate_stream(input_ids=ids, sampling_params=params, namespace=ns)
+        chunks = engine.generate_stream(
+            input_ids=ids, sampling_params=params, namespace=ns, affinity=body.prompt_cache_key
+        )
         return sse(response_events(chunks, head, output, keep))
-    out = await engine.async_generate(input_ids=ids, sampling_params=params, namespace=ns)
+    out = await engine.async_generate(
+        input_ids=ids, sampling_params=params, namespace=ns, affinity=body.prompt_cache_key
+    )
     response = response_object(head, output_items(output, out["text"]), out["meta_info"])
     keep(response, out["text"], out["token_ids"], out)
     return response

@@ -87,6 +87,15 @@ def test_a_cached_system_prompt_draws_its_requests_to_one_replica(cluster):
     assert "radixserve_prefix_cache_hits_total 960.0" in metrics
 
 
+def test_a_prompt_cache_key_keeps_unrelated_prompts_on_one_replica(cluster):
+    url = cluster("prefix")
+    for i in range(6):  # nothing shared: only the key says they belong together
+        complete(url, tokens(100 + i, 40), prompt_cache_key="conversation-7")
+    time.sleep(1.5)  # the replicas' summaries refresh every second
+    replicas = httpx.get(url + "/cluster", timeout=10).json()["replicas"]
+    assert sorted(r["queried_tokens"] for r in replicas) == [0, 6 * 40]
+
+
 def test_tenants_never_share_cache_entries(cluster):
     url = cluster("prefix")
     prompt = tokens(2, 100)
