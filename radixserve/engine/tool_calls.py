@@ -67,9 +67,16 @@ class ToolFormat(ABC):
     name: str
     key: str  # the arguments' key in a call's JSON
 
-    @abstractmethod
+    tools_tags: tuple[str, str]  # around the tools' list
+    how_to_call: str  # what a call looks like
+
     def instructions(self, tools: list[dict]) -> str:
         """The system text that describes ``tools`` to a template without a tool section."""
+        listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        return (
+            "You can call functions to answer. Their signatures, one JSON object a line:\n"
+            f"{self.tools_tags[0]}{listed}{self.tools_tags[1]}\n{self.how_to_call}"
+        )
 
     @abstractmethod
     def write(self, calls: list[ToolCall]) -> str:
@@ -176,16 +183,13 @@ class _HermesStream(ToolStream):
 class HermesFormat(ToolFormat):
     name, key = "hermes", "arguments"
 
-    def instructions(self, tools: list[dict]) -> str:
-        listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        return (
-            "You can call functions to answer. Their signatures, one JSON object a line:\n"
-            f"<tools>\n{listed}\n</tools>\n"
-            "To call one, answer with a JSON object of its name and arguments between tags,"
-            " one block per call:\n"
-            '<tool_call>\n{"name": "function name", "arguments": {"argument": "value"}}\n'
-            "</tool_call>"
-        )
+    tools_tags = ("<tools>\n", "\n</tools>")
+    how_to_call = (
+        "To call one, answer with a JSON object of its name and arguments between tags,"
+        " one block per call:\n"
+        '<tool_call>\n{"name": "function name", "arguments": {"argument": "value"}}\n'
+        "</tool_call>"
+    )
 
     def write(self, calls: list[ToolCall]) -> str:
         return "\n".join(
@@ -238,14 +242,11 @@ class _JsonStream(ToolStream):
 class Llama3JsonFormat(ToolFormat):
     name, key = "llama3_json", "parameters"
 
-    def instructions(self, tools: list[dict]) -> str:
-        listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        return (
-            "You can call functions to answer. Their signatures, one JSON object a line:\n"
-            f"{listed}\n"
-            "To call one, answer with only a JSON object of its name and parameters:\n"
-            '{"name": "function name", "parameters": {"argument": "value"}}'
-        )
+    tools_tags = ("", "")
+    how_to_call = (
+        "To call one, answer with only a JSON object of its name and parameters:\n"
+        '{"name": "function name", "parameters": {"argument": "value"}}'
+    )
 
     def write(self, calls: list[ToolCall]) -> str:
         return "; ".join(

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixserve.engine import SamplingParams
+from radixserve.server.protocol import Unsupported
 from radixserve.server.tool_fields import (
     ChatMessage,
     FunctionDef,
@@ -16,8 +17,6 @@ from radixserve.server.tool_fields import (
     NamedToolChoice,
     ToolFields,
 )
-
-Unsupported = Field(default=None, description="not supported: setting it gets a 400")
 
 
 class _Body(BaseModel):
