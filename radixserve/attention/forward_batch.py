@@ -56,6 +56,9 @@ class ForwardBatch:
     # (src, dst) slots: cached K/V copied to where this pass's requests read them (a cached
     # page's head, so a request computes only the tokens past it); see KVPool.write
     kv_copies: tuple[torch.Tensor, torch.Tensor] | None = None
+    # per request, how many of its last new tokens reach the logits (None: its last one); a
+    # request verifying draft tokens needs the distribution after each of them
+    logit_lens: list[int] | None = None
     attn_metadata: Any = field(default=None, repr=False)
 
     @property
@@ -65,6 +68,17 @@ class ForwardBatch:
     @property
     def prefix_lens(self) -> list[int]:
         return [s - e for s, e in zip(self.seq_lens, self.extend_lens, strict=True)]
+
+    def logit_index(self) -> torch.Tensor:
+        """The positions in ``input_ids`` whose logits the pass returns, request by request."""
+        ends = np.cumsum(self.extend_lens)
+        if self.logit_lens is None:
+            index = ends - 1
+        else:
+            index = np.concatenate(
+                [np.arange(e - n, e) for e, n in zip(ends, self.logit_lens, strict=True)]
+            )
+        return torch.from_numpy(index.astype(np.int64)).to(self.input_ids.device)
 
     @property
     def is_decode(self) -> bool:
@@ -79,6 +93,7 @@ class ForwardBatch:
         return_all_logits: bool = False,
         prefix_groups: Sequence[PrefixGroup] = (),
         kv_copies: tuple[np.ndarray, np.ndarray] | None = None,
+        logit_lens: Sequence[int] | None = None,
     ) -> ForwardBatch:
         if not requests:
             raise ValueError("a forward batch needs at least one request")
@@ -110,4 +125,5 @@ class ForwardBatch:
             return_all_logits=return_all_logits,
             prefix_groups=tuple(prefix_groups),
             kv_copies=None if kv_copies is None else (tensor([src]), tensor([dst])),
+            logit_lens=None if logit_lens is None else list(logit_lens),
         )

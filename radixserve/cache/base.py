@@ -123,6 +123,14 @@ class BasePrefixCache(ABC):
         index of whole-page hashes cannot tell (the default)."""
         return None
 
+    def continuation(
+        self, tokens: Sequence[int] | np.ndarray, namespace: Namespace = None, limit: int = 8
+    ) -> np.ndarray:
+        """Up to ``limit`` token ids that followed ``tokens`` in a cached sequence of
+        ``namespace`` (int32; empty when none is cached past them): a speculative decoding
+        draft. Changes nothing. An index of whole-page hashes cannot tell (the default)."""
+        return np.empty(0, dtype=np.int32)
+
     def serving_prefix(
         self, tokens: Sequence[int] | np.ndarray, match: PrefixMatch, last: int
     ) -> tuple[int, np.ndarray, object]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from itertools import islice
 
+import numpy as np
+
 from radixserve.cache.base import Namespace, PageHead, PrefixMatch
 from radixserve.cache.tokens import TOKEN_BYTES, encode_tokens
 from radixserve.cache.tree_node import TreeNode
@@ -70,6 +72,37 @@ class RadixEdges:
                 best, best_bytes = child, n
         length = min(best_bytes // TOKEN_BYTES, self.page_size - 1)
         return PageHead(length, best.slots[:length], best) if length else None
+
+    def continuation(self, tokens, namespace: Namespace = None, limit: int = 8) -> np.ndarray:
+        """See ``BasePrefixCache.continuation``: the tree path ``tokens`` follows (whole
+        pages, then the tail inside the next edge), read on for ``limit`` tokens; where it
+        forks, into the most recently used of the newest ``HEAD_CANDIDATES`` children."""
+        key, pb = encode_tokens(tokens), self._page_bytes
+        end = len(key) - len(key) % pb
+        path, matched, partial = self._walk(key[:end], namespace)
+        node = path[-1] if path else self._roots.get(namespace)
+        if matched < end or node is None:
+            return np.empty(0, dtype=np.int32)
+        node, offset = partial if partial is not None else (node, len(node.key))
+        tail, out, want = key[end:], b"", limit * TOKEN_BYTES
+        while len(out) < want:
+            if offset == len(node.key):  # at a fork: the children that go on like the tail
+                group = node.heads.get(tail[:TOKEN_BYTES], {}) if tail else node.children
+                fits = [
+                    c
+                    for c in islice(reversed(group.values()), HEAD_CANDIDATES)
+                    if c.key.startswith(tail)
+                ]
+                if not fits:
+                    break
+                node, offset = max(fits, key=lambda c: c.last_access), 0
+            elif tail and not node.key.startswith(tail, offset):
+                break
+            offset += len(tail)
+            tail = b""
+            taken = node.key[offset : offset + want - len(out)]
+            out, offset = out + taken, offset + len(taken)
+        return np.frombuffer(out, dtype=np.int32).copy()
 
     def _matching_bytes(
         self, key: bytes, pos: int, end: int, edge: bytes, pb: int | None = None

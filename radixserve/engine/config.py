@@ -10,6 +10,7 @@ from radixserve.engine.tool_calls import TOOL_PARSERS
 
 POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
 DTYPES = ("float32", "bfloat16", "float16")
+SPECULATIVE_METHODS = ("ngram",)
 CACHE_INDEXES = ("radix", "block-hash")
 EVICTION_POLICIES = ("lru", "lfu")
 
@@ -84,6 +85,11 @@ class EngineConfig:
     # how reasoning is marked in the text (``engine/reasoning.py``): qwen3, deepseek_r1;
     # None: the text is all answer
     reasoning_parser: str | None = None
+    # speculative decoding without a draft model (``engine/drafts.py``): "ngram" drafts from
+    # the tree's cached continuations, else n-gram matches in the request's own text, up to
+    # speculative_tokens a step, verified by the next pass; None: off
+    speculative: str | None = None
+    speculative_tokens: int = 6
     check_invariants: bool = False  # audit the tree after every step (slow; for tests)
 
     @property
@@ -149,5 +155,11 @@ class EngineConfig:
             raise ValueError(
                 f"unknown tool_call_parser {self.tool_call_parser!r}; choose one of {TOOL_PARSERS}"
             )
+        if self.speculative not in (None, *SPECULATIVE_METHODS):
+            raise ValueError(
+                f"unknown speculative {self.speculative!r}; choose one of {SPECULATIVE_METHODS}"
+            )
+        if self.speculative_tokens < 1:
+            raise ValueError("speculative_tokens must be >= 1")
         if self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be at least one page")

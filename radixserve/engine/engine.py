@@ -25,6 +25,7 @@ from radixserve.engine import compute_thread
 from radixserve.engine.chat_format import ChatTemplating
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.constrained import ConstrainedDecoding
+from radixserve.engine.drafts import Drafter
 from radixserve.engine.grammar import GrammarCompiler
 from radixserve.engine.inbox import Inbox
 from radixserve.engine.intake import RequestFactory
@@ -37,6 +38,7 @@ from radixserve.engine.req_cache import ReqCacheManager
 from radixserve.engine.sampler import Sampler, add_logit_bias
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import Scheduler
+from radixserve.engine.speculative import record_drafted_logprobs, verify
 from radixserve.engine.stop import StopChecker
 from radixserve.engine.tiers import create_tiers
 from radixserve.engine.trace_recorder import TraceRecorder
@@ -103,7 +105,10 @@ class Engine(ChatTemplating):
             self.cache, self.allocator, self.metrics, self.tier, write_through
         )
         finish_check = self.constrained.finish_check(self.stop_checker, self.context_len)
-        self.scheduler = Scheduler(config, req_cache, self.metrics, finish_check, rule)
+        drafter = None
+        if config.speculative is not None:
+            drafter = Drafter(self.cache, config.speculative_tokens, self.context_len, self.metrics)
+        self.scheduler = Scheduler(config, req_cache, self.metrics, finish_check, rule, drafter)
         self.sampler = Sampler(config.seed)
         self.recorder = None
         if config.record_trace is not None:
@@ -312,15 +317,14 @@ class Engine(ChatTemplating):
             return
         try:
             t_forward = time.perf_counter()
-            masks = self.constrained.start([w.req for w in batch.work if w.samples])
+            masks = self.constrained.start([w.req for w in batch.work if w.samples and not w.draft])
             out = self.runner.forward(batch)
             m.forward_s += time.perf_counter() - t_forward
             out = replace(out, last=add_logit_bias(out.last, out.sampled))
             tokens = self.sampler.sample(self.constrained.apply(out.last, masks), out.sampled)
             record_logprobs(batch, out, tokens)
-            if batch.decode:
-                m.decode_s += time.perf_counter() - t_forward
-                m.decode_tokens += len(batch.work)
+            new = {req: [token] for req, token in zip(out.sampled, tokens, strict=True)}
+            new |= {d.req: verify(d, self.sampler) for d in out.drafted}
         except Exception as exc:  # a failed forward fails its requests, not the engine
             for item in batch.work:
                 item.req.finish_reason = f"error: {exc}"
@@ -328,18 +332,24 @@ class Engine(ChatTemplating):
                 self._finish(item.req)
             return
         now = time.perf_counter()
-        for req in out.sampled:
+        for req in new:
             if req.first_token_s is None:
                 req.first_token_s = now
         t0 = time.perf_counter()
-        finished = self.scheduler.process(batch, dict(zip(out.sampled, tokens, strict=True)))
+        before = {d.req: len(d.req.output_ids) for d in out.drafted}
+        finished = self.scheduler.process(batch, new)
+        for d in out.drafted:
+            record_drafted_logprobs(d, len(d.req.output_ids) - before[d.req])
         m.scheduler_s += time.perf_counter() - t0
+        if batch.decode:
+            m.decode_s += time.perf_counter() - t_forward
+            m.decode_tokens += sum(len(t) for t in new.values())
         m.steps += 1
         self.scheduler.observe(batch, time.perf_counter() - t_step)
         for req in finished:
             self._finish(req)
         done = set(finished)
-        for req in out.sampled:
+        for req in new:
             if req not in done:
                 self._listeners[req.rid](req, False)
         if self.config.check_invariants:

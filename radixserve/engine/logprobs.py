@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from radixserve.engine.model_runner import ForwardOutput
+from radixserve.engine.req import Req
 from radixserve.engine.schedule_batch import ScheduleBatch
 
 
@@ -15,12 +16,7 @@ def record_logprobs(batch: ScheduleBatch, out: ForwardOutput, tokens: list[int])
     if wanted:
         logp = torch.log_softmax(out.last[wanted].float(), dim=-1)
         for row, i in enumerate(wanted):
-            req, token = out.sampled[i], tokens[i]
-            req.output_logprobs.append((float(logp[row, token]), token))
-            if req.params.top_logprobs_num:
-                top = logp[row].topk(req.params.top_logprobs_num)
-                pairs = zip(top.values.tolist(), top.indices.tolist(), strict=True)
-                req.output_top_logprobs.append(list(pairs))
+            append_logprobs(out.sampled[i], logp[row], tokens[i])
     if out.all is None:
         return
     offset = 0
@@ -38,3 +34,14 @@ def record_logprobs(batch: ScheduleBatch, out: ForwardOutput, tokens: list[int])
                 values = logp.gather(1, ids[:, None])[:, 0].tolist()
                 req.input_logprobs.update(zip(picked, values, strict=True))
         offset += n
+
+
+def append_logprobs(req: Req, logp: torch.Tensor, token: int) -> None:
+    """Record a generated token's logprob (and the top alternatives, when asked) from the
+    log-softmaxed distribution ``logp`` it was drawn from."""
+    req.output_logprobs.append((float(logp[token]), token))
+    if req.params.top_logprobs_num:
+        top = logp.topk(req.params.top_logprobs_num)
+        req.output_top_logprobs.append(
+            list(zip(top.values.tolist(), top.indices.tolist(), strict=True))
+        )

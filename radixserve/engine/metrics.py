@@ -53,6 +53,11 @@ class EngineMetrics:
     grammar_fill_s: float = 0.0
     grammar_wait_s: float = 0.0
     jump_forward_tokens: int = 0
+    # speculative decoding: draft tokens proposed and accepted, by source (tree, ngram), and
+    # the steps that verified a draft
+    draft_tokens: dict[str, int] = field(default_factory=dict)
+    accepted_tokens: dict[str, int] = field(default_factory=dict)
+    verify_steps: int = 0
     finished_requests: int = 0
     generated_tokens: int = 0
     # seconds per admission lookup since the last cache flush (a property of what is cached)
@@ -99,6 +104,7 @@ class EngineMetrics:
             "grammar_fill_s": self.grammar_fill_s,
             "grammar_wait_s": self.grammar_wait_s,
             "jump_forward_tokens": self.jump_forward_tokens,
+            **self._speculation(),
             "finished_requests": self.finished_requests,
             "generated_tokens": self.generated_tokens,
             "generation_throughput": self.generated_tokens / elapsed,
@@ -118,6 +124,18 @@ class EngineMetrics:
             "running": len(scheduler.running),
             "waiting": len(scheduler.waiting),
         }
+
+    def _speculation(self) -> dict:
+        out = {}
+        for source in ("tree", "ngram"):
+            out[f"draft_tokens_{source}"] = self.draft_tokens.get(source, 0)
+            out[f"accepted_tokens_{source}"] = self.accepted_tokens.get(source, 0)
+        accepted = sum(self.accepted_tokens.values())
+        out["draft_tokens"] = sum(self.draft_tokens.values())
+        out["accepted_tokens"] = accepted
+        out["verify_steps"] = self.verify_steps
+        out["mean_accepted_length"] = _ratio(accepted, self.verify_steps)
+        return out
 
 
 def _ratio(a: float, b: float) -> float:

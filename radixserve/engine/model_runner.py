@@ -7,8 +7,9 @@ scheduled requests and hands the model a ``ForwardBatch``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from radixserve.attention import (
@@ -21,7 +22,7 @@ from radixserve.cpu import CpuProfile, load_profile, probe_cpu_profile
 from radixserve.cpu.profile import check_runs_here
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.req import Req
-from radixserve.engine.schedule_batch import ScheduleBatch
+from radixserve.engine.schedule_batch import ScheduleBatch, Work
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model import load_model
 
@@ -78,19 +79,39 @@ class ModelRunner:
         return slots
 
     def forward(self, batch: ScheduleBatch) -> ForwardOutput:
-        requests = [
-            ExtendRequest(w.req.seq()[w.start : w.end], w.req.slots[: w.end]) for w in batch.work
-        ]
+        requests = [ExtendRequest(_new_ids(w), w.req.slots[: w.end]) for w in batch.work]
         every = not batch.decode and any(w.req.params.prompt_logprobs for w in batch.work)
         groups = [PrefixGroup(n, tuple(members)) for n, members in batch.prefix_groups]
+        counts = [1 + len(w.draft) for w in batch.work]
         fb = ForwardBatch.create(
-            requests, self.config.page_size, self.device, every, groups, batch.kv_copies
+            requests,
+            self.config.page_size,
+            self.device,
+            every,
+            groups,
+            batch.kv_copies,
+            counts if any(n > 1 for n in counts) else None,
         )
         logits = self.loaded.model(fb, self.backend)
-        rows = [i for i, w in enumerate(batch.work) if w.samples]
+        rows, drafted, at = [], [], 0
+        for w, n in zip(batch.work, counts, strict=True):
+            if w.draft:
+                drafted.append(Drafted(w.req, w.draft, logits.last[at : at + n]))
+            elif w.samples:
+                rows.append(at)
+            at += n
         # a decode step samples every row: its logits need no copy
-        last = logits.last if len(rows) == len(batch.work) else logits.last[rows]
-        return ForwardOutput(last, [batch.work[i].req for i in rows], logits.all)
+        last = logits.last if len(rows) == len(logits.last) else logits.last[rows]
+        sampled = [w.req for w in batch.work if w.samples and not w.draft]
+        return ForwardOutput(last, sampled, logits.all, drafted)
+
+
+def _new_ids(work: Work) -> np.ndarray:
+    """The token ids a request's pass computes: its span of the sequence, then its draft."""
+    ids = work.req.seq()[work.start : work.end - len(work.draft)]
+    if not work.draft:
+        return ids
+    return np.concatenate([ids, np.asarray(work.draft, dtype=np.int32)])
 
 
 def _cpu_profile(pinned: CpuProfile | str | os.PathLike | None) -> CpuProfile:
@@ -104,10 +125,22 @@ def _cpu_profile(pinned: CpuProfile | str | os.PathLike | None) -> CpuProfile:
 
 
 @dataclass(frozen=True)
+class Drafted:
+    """A request that verified ``draft``: ``logits[j]`` is the distribution of the token
+    after its last one and the first ``j`` draft tokens."""
+
+    req: Req
+    draft: tuple[int, ...]
+    logits: torch.Tensor
+
+
+@dataclass(frozen=True)
 class ForwardOutput:
     """``last``: ``[n, vocab]`` logits of the requests in ``sampled`` (those whose pass reached
-    their newest token); ``all``: ``[num_tokens, vocab]`` when prompt logprobs were asked."""
+    their newest token, drafts aside); ``all``: ``[num_tokens, vocab]`` when prompt logprobs
+    were asked; ``drafted``: the requests that verified drafts."""
 
     last: torch.Tensor
     sampled: list[Req]
     all: torch.Tensor | None
+    drafted: list[Drafted] = field(default_factory=list)

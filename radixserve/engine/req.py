@@ -57,6 +57,8 @@ class Req:
     # (src, dst) slots: the head of a cached page this request copies into its own first
     # page instead of computing it, done by its next pass (ReqCacheManager.admit)
     kv_copy: tuple[np.ndarray, np.ndarray] | None = None
+    # speculative decoding: how this request drafts (``drafts.DraftState``), None when off
+    draft_state: object = None
 
     @property
     def seq_len(self) -> int:

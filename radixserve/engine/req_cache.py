@@ -188,6 +188,14 @@ class ReqCacheManager:
         req.slots = np.concatenate([req.slots, self.allocator.alloc(missing)])
         return True
 
+    def trim_slots(self, req: Req, positions: int) -> None:
+        """Give back the request's own whole pages past the one holding position
+        ``positions - 1`` (taken for draft tokens that were rejected)."""
+        keep = max(-(-positions // self.page) * self.page, req.cached_len)
+        if len(req.slots) > keep:
+            self.allocator.free(req.slots[keep:].copy())
+            req.slots = req.slots[:keep]
+
     def cache_computed(self, req: Req, *, release: bool) -> None:
         """Offer ``[0, computed_len)`` to the cache. Running on (``release=False``): the lock
         moves down to the newly cached end, so requests waiting on this prefix hit it.

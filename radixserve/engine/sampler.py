@@ -29,6 +29,20 @@ class Sampler:
         if all(p.greedy for p in params):
             return argmax(logits).tolist()
         greedy = torch.tensor([p.greedy for p in params])
+        probs = self.probabilities(logits, params)
+        tokens = argmax(logits)
+        shared = [i for i, r in enumerate(reqs) if not greedy[i] and r.params.seed is None]
+        if shared:  # one draw for every unseeded row
+            rows = torch.tensor(shared)
+            tokens[rows] = draw(probs[rows], self.generator)
+        for i, req in enumerate(reqs):  # seeded rows draw from their own stream
+            if not greedy[i] and req.params.seed is not None:
+                tokens[i] = draw(probs[i : i + 1], self._generator(req))[0]
+        return tokens.tolist()
+
+    def probabilities(self, logits: torch.Tensor, params: list) -> torch.Tensor:
+        """What each row samples from (penalties applied): softmax at its temperature (1
+        for a greedy row), then top-k, top-p and min-p."""
         temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params])
         probs = torch.softmax(logits / temps[:, None], dim=-1)
         # only rows that truncate pay for sorting (a full-vocabulary sort is costly)
@@ -36,18 +50,14 @@ class Sampler:
         if cut:
             rows = torch.tensor(cut)
             probs[rows] = self._truncate(probs[rows], [params[i] for i in cut])
-        tokens = argmax(logits)
-        shared = [i for i, r in enumerate(reqs) if not greedy[i] and r.params.seed is None]
-        if shared:  # one draw for every unseeded row
-            rows = torch.tensor(shared)
-            tokens[rows] = _draw(probs[rows], self.generator)
-        for i, req in enumerate(reqs):  # seeded rows draw from their own stream
-            if not greedy[i] and req.params.seed is not None:
-                tokens[i] = _draw(probs[i : i + 1], self._generator(req))[0]
-        return tokens.tolist()
+        return probs
 
     def forget(self, req: Req) -> None:
         self._seeded.pop(req, None)
+
+    def stream(self, req: Req) -> torch.Generator:
+        """The generator a request draws from: its own with a seed, else the shared one."""
+        return self.generator if req.params.seed is None else self._generator(req)
 
     def _generator(self, req: Req) -> torch.Generator:
         if req not in self._seeded:
@@ -127,7 +137,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return native.argmax_rows(logits)
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row of ``probs`` (``[rows, vocab]``, unnormalised), by inverting each
     row's cumulative sum at a uniform draw, far cheaper than ``torch.multinomial`` over a
     large vocabulary. A token of probability zero is never drawn."""

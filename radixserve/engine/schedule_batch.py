@@ -19,10 +19,13 @@ class Work:
     start: int
     end: int
     decode: bool = False  # the next token of a request whose prompt is computed
+    # draft tokens this pass verifies after the request's last one (speculative decoding):
+    # [seq_len, end) are theirs; they join the sequence only as far as they are accepted
+    draft: tuple[int, ...] = ()
 
     @property
     def reaches_end(self) -> bool:
-        return self.end == self.req.seq_len
+        return self.end == self.req.seq_len + len(self.draft)
 
     @property
     def samples(self) -> bool:

@@ -22,6 +22,7 @@ import numpy as np
 from radixserve.cache import RadixCache
 from radixserve.cache.shared_paths import PrefixGroupRule
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.drafts import Drafter
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.policy import order_waiting
 from radixserve.engine.req import Req, ReqState
@@ -47,9 +48,12 @@ class Scheduler:
         metrics: EngineMetrics,
         finish_check: Callable[[Req], None],
         group_rule: PrefixGroupRule | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
-        """``group_rule``: the prefix groups the attention backend runs (None: none)."""
+        """``group_rule``: the prefix groups the attention backend runs (None: none);
+        ``drafter``: draft tokens for decoding requests (None: no speculative decoding)."""
         self.config = config
+        self.drafter = drafter
         self.req_cache = req_cache
         self.metrics = metrics
         self.page = config.page_size
@@ -133,7 +137,7 @@ class Scheduler:
         return bool(self.waiting) or any(r.computed_len < r.seq_len - 1 for r in self.running)
 
     def _budget(self, decode: list[Work]) -> PrefillBudget:
-        tokens = self.config.chunked_prefill_size - len(decode)
+        tokens = self.config.chunked_prefill_size - sum(w.end - w.start for w in decode)
         if self.itl is None:
             return PrefillBudget(tokens, self.page)
         return self.itl.budget(tokens, [w.end for w in decode])
@@ -295,9 +299,17 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                work.append(Work(req, req.seq_len - 1, req.seq_len, decode=True))
+                work.append(self._decode_work(req))
                 scheduled.add(req)
         return work
+
+    def _decode_work(self, req: Req) -> Work:
+        """The request's next token, and the drafts it verifies beside it where slots for
+        them are free (no preemption for a draft)."""
+        draft = () if self.drafter is None else self.drafter.propose(req)
+        if draft and not self.req_cache.ensure_slots(req, req.seq_len + len(draft)):
+            draft = ()
+        return Work(req, req.seq_len - 1, req.seq_len + len(draft), decode=True, draft=draft)
 
     def _preempt(self, req: Req) -> None:
         """Give a running request's memory back, keeping its computed KV in the tree so it
@@ -317,16 +329,19 @@ class Scheduler:
 
     # ---- results -------------------------------------------------------------------------
 
-    def process(self, batch: ScheduleBatch, next_tokens: dict[Req, int]) -> list[Req]:
-        """Advance every request in ``batch``; returns those that finished."""
+    def process(self, batch: ScheduleBatch, next_tokens: dict[Req, list[int]]) -> list[Req]:
+        """Advance every request in ``batch`` by its new tokens (one, or a verified draft's
+        accepted tokens and the one after them); returns those that finished."""
         finished = []
         for item in batch.work:
             req = item.req
             req.computed_len = item.end
             if not item.decode:  # requests held back this step hit what was just computed
                 self.req_cache.cache_computed(req, release=False)
-            if item.samples:
-                req.output_ids.append(next_tokens[req])
+            if item.draft:
+                self._accept(item, next_tokens[req])
+            elif item.samples:
+                req.output_ids.append(next_tokens[req][0])
                 self.finish_check(req)
             elif item.reaches_end:  # a prefill-only request is done once its prompt is cached
                 req.finish_reason, req.state = "length", ReqState.FINISHED
@@ -335,3 +350,17 @@ class Scheduler:
                 self.req_cache.cache_computed(req, release=True)
                 finished.append(req)
         return finished
+
+    def _accept(self, item: Work, tokens: list[int]) -> None:
+        """Append a verified draft's tokens until one finishes the request. K/V is computed
+        for the last token and the accepted drafts; the rejected drafts' pages go back."""
+        req = item.req
+        for token in tokens:
+            req.output_ids.append(token)
+            self.finish_check(req)
+            if req.finished:
+                break
+        req.computed_len = min(item.start + len(tokens), req.seq_len)
+        self.drafter.observe(req, len(item.draft), len(tokens) - 1)
+        if not req.finished:
+            self.req_cache.trim_slots(req, req.seq_len)

@@ -217,9 +217,9 @@ class LlamaForCausalLM(nn.Module):
         backend.prepare(batch)
         x = self.model.embed_tokens(batch.input_ids)
         cos_sin = self.rotary.cos_sin(batch.positions, x.dtype)
-        last_index = torch.cumsum(torch.tensor(batch.extend_lens, device=x.device), 0) - 1
-        # Only each request's last token reaches the logits: past the last layer's attention
-        # (o_proj, MLP; ~3% of a prefill's multiply-adds in bench-135m) the others are dropped.
+        last_index = batch.logit_index()
+        # Only each request's last token (or last few: ``logit_lens``) reaches the logits:
+        # past the last layer's attention (o_proj, MLP) the others are dropped.
         every_token = batch.return_all_logits or len(last_index) == len(x)
         if self.decode_layers is not None and (
             out := self.decode_layers(x, cos_sin, batch, backend)

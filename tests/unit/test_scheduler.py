@@ -18,6 +18,7 @@ import pytest
 from radixserve.cache import BlockHashCache, NoPrefixCache, RadixCache
 from radixserve.cache.shared_paths import PrefixGroupRule
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.drafts import Drafter
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.req import Req, ReqState
 from radixserve.engine.req_cache import ReqCacheManager
@@ -38,21 +39,27 @@ class FakeModel:
         self.kv: dict[int, tuple[int, int]] = {}
         self.batches: list[ScheduleBatch] = []
 
-    def forward(self, batch: ScheduleBatch) -> dict[Req, int]:
+    def forward(self, batch: ScheduleBatch) -> dict[Req, list[int]]:
+        """Greedy: a draft is kept while it is what the model would pick."""
         self.batches.append(batch)
         if batch.kv_copies is not None:  # cached K/V moved before the pass reads it
             for src, dst in zip(*batch.kv_copies, strict=True):
                 self.kv[int(dst)] = self.kv[int(src)]
         out = {}
         for w in batch.work:
-            seq, slots = w.req.seq(), w.req.slots
+            seq, slots = np.concatenate([w.req.seq(), np.int32(w.draft)]), w.req.slots
             assert len(slots) >= w.end
             for pos in range(w.start):
                 assert self.kv[int(slots[pos])] == (seq[pos], pos), (w.req.rid, pos)
             for pos in range(w.start, w.end):
                 self.kv[int(slots[pos])] = (int(seq[pos]), pos)
             if w.samples:
-                out[w.req] = next_token(seq[: w.end])
+                emitted = []
+                for d in (*w.draft, None):
+                    emitted.append(next_token(seq[: w.end - len(w.draft) + len(emitted)]))
+                    if emitted[-1] != d:
+                        break
+                out[w.req] = emitted
         return out
 
 
@@ -70,7 +77,13 @@ class Harness:
         self.cache = CACHES[cache](page, self.allocator)
         self.metrics = EngineMetrics()
         req_cache = ReqCacheManager(self.cache, self.allocator, self.metrics)
-        self.scheduler = Scheduler(self.config, req_cache, self.metrics, finish_at_length, rule)
+        drafter = None
+        if self.config.speculative:
+            tokens = self.config.speculative_tokens
+            drafter = Drafter(self.cache, tokens, 1 << 20, self.metrics)
+        self.scheduler = Scheduler(
+            self.config, req_cache, self.metrics, finish_at_length, rule, drafter
+        )
         self.model = FakeModel()
         self.finished: list[Req] = []
 
@@ -244,6 +257,39 @@ def test_copies_under_preemption_change_no_output():
     assert h.metrics.preemptions > 0
     assert [r.output_ids for r in reqs] == [expected_output(prompt, 20)] * 5
     assert any(b.kv_copies is not None for b in h.model.batches)
+
+
+def echo(rng) -> list[int]:
+    """A prompt ending in a token ``a`` whose first output ``b`` follows ``a`` earlier on:
+    its first decode step drafts what followed them there."""
+    while True:
+        a, b = rng.integers(3, 900, 2).tolist()
+        prompt = [*rng.integers(3, 900, 6).tolist(), a, b, *rng.integers(3, 900, 9).tolist(), a]
+        if next_token(np.asarray(prompt, dtype=np.int32)) == b:
+            return prompt
+
+
+@pytest.mark.parametrize("slots", [4096, 96])
+def test_drafts_change_no_output_and_rejected_ones_give_their_slots_back(slots):
+    """Questions asked again draft from the tree (all kept); prompts that repeat a block
+    draft n-grams (mostly rejected); under tight memory requests are preempted between
+    drafted steps. Every step's slots are audited and read back by the fake model."""
+    rng = np.random.default_rng(3)
+    h = Harness(
+        slots=slots, page_size=4, chunked_prefill_size=64, speculative="ngram", speculative_tokens=5
+    )
+    asked = prompts(rng, 8, 3, 5)
+    waves = [asked + [echo(rng)], asked + [echo(rng)], asked]
+    reqs = []
+    for wave in waves:
+        reqs += [(p, h.add(p, max_new_tokens=17)) for p in wave]
+        h.run()
+    assert [r.output_ids for _, r in reqs] == [expected_output(p, 17) for p, _ in reqs]
+    m = h.metrics
+    assert m.accepted_tokens["tree"] == m.draft_tokens["tree"] > 0
+    assert m.draft_tokens["ngram"] > m.accepted_tokens.get("ngram", 0)
+    assert h.allocator.num_used == h.cache.total_size
+    assert (m.preemptions > 0) == (slots < 100)
 
 
 def test_abort_frees_a_running_and_a_waiting_request():
