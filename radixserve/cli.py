@@ -28,6 +28,7 @@ BENCHES = {
     "structured": ("radixserve.bench.structured_bench", "JSON extraction: masks, jump-forward"),
     "tiers": ("radixserve.bench.tiers_bench", "the disk tier: TTFT by source, restart"),
     "cluster": ("radixserve.bench.cluster_bench", "replicas on Ray Serve behind each router"),
+    "spec": ("radixserve.bench.spec_bench", "speculative decoding off and on, real model"),
     "report": ("radixserve.bench.docs_report", "regenerate docs/benchmarks.md from the JSON"),
 }
 
@@ -68,6 +69,8 @@ def _serve(args: argparse.Namespace) -> int:
         quantize=args.quantize,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        speculative=args.speculative,
+        speculative_tokens=args.speculative_tokens,
         device=args.device,
         seed=args.seed,
         cpu_profile=args.cpu_profile,
@@ -169,6 +172,13 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         help="return <think>...</think> as reasoning_content: qwen3 (the model opens it), "
         "deepseek_r1 (the template opens it)",
     )
+    p.add_argument(
+        "--speculative",
+        default=None,
+        help="ngram: speculative decoding with drafts from the tree's cached continuations, "
+        "else n-gram matches in the request's own text (same outputs; off by default)",
+    )
+    p.add_argument("--speculative-tokens", type=int, default=6, help="the most draft tokens a step")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -26,7 +26,17 @@ class _EngineCollector:
             "radixserve_generation_tokens": ("tokens generated", s["generated_tokens"]),
             "radixserve_requests_finished": ("requests finished", s["finished_requests"]),
             "radixserve_preemptions": ("requests preempted", s["preemptions"]),
+            "radixserve_spec_verify_steps": ("steps that verified draft tokens", s["verify_steps"]),
         }
+        for source in ("tree", "ngram"):
+            counters[f"radixserve_spec_draft_tokens_{source}"] = (
+                f"draft tokens proposed from {source} matches",
+                s[f"draft_tokens_{source}"],
+            )
+            counters[f"radixserve_spec_accepted_tokens_{source}"] = (
+                f"draft tokens from {source} matches the model accepted",
+                s[f"accepted_tokens_{source}"],
+            )
         if "disk_pages" in s:  # the disk tier is on
             counters |= {
                 "radixserve_disk_cache_hits": (
@@ -69,6 +79,10 @@ class _EngineCollector:
             "radixserve_prefill_budget_tokens": (
                 "prefill tokens the last prefilling step was allowed (token budget or ITL target)",
                 s["prefill_budget_tokens"],
+            ),
+            "radixserve_spec_mean_accepted_length": (
+                "draft tokens accepted per verifying step",
+                s["mean_accepted_length"],
             ),
             "radixserve_memory_dedup_ratio": (
                 "context tokens of running requests per distinct KV slot",
