@@ -173,15 +173,15 @@ class ReqCacheManager:
         host = read.tiers[used].count("host") * self.page
         return self.cache.match_prefix(seq, req.namespace), host
 
-    def ensure_slots(self, req: Req, positions: int) -> bool:
+    def ensure_slots(self, req: Req, positions: int, evict: bool = True) -> bool:
         """Make ``req.slots`` cover ``positions`` positions, taking whole pages and evicting
-        unlocked cache entries when the pool is short; False (nothing changed) if they do
-        not fit."""
+        unlocked cache entries when the pool is short (unless not ``evict``); False (nothing
+        changed) if they do not fit."""
         missing = positions - len(req.slots)
         if missing <= 0:
             return True
         needed = self.allocator.slots_needed(missing)
-        if needed > self.allocator.num_free:
+        if needed > self.allocator.num_free and evict:
             self.cache.evict(needed - self.allocator.num_free)
         if needed > self.allocator.num_free:
             return False

@@ -305,9 +305,9 @@ class Scheduler:
 
     def _decode_work(self, req: Req) -> Work:
         """The request's next token, and the drafts it verifies beside it where slots for
-        them are free (no preemption for a draft)."""
+        them are free (a draft evicts nothing from the cache and preempts no one)."""
         draft = () if self.drafter is None else self.drafter.propose(req)
-        if draft and not self.req_cache.ensure_slots(req, req.seq_len + len(draft)):
+        if draft and not self.req_cache.ensure_slots(req, req.seq_len + len(draft), evict=False):
             draft = ()
         return Work(req, req.seq_len - 1, req.seq_len + len(draft), decode=True, draft=draft)
 
