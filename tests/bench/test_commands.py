@@ -6,6 +6,9 @@ import pytest
 from radixserve.bench.cache_bench import CacheBenchConfig, TreeShape, run_cache_bench
 from radixserve.cli import main
 from radixserve.cpu.native import native_available
+from tests.real_model import real_model_file
+
+__all__ = ["real_model_file"]  # fixture
 
 
 def test_tree_shapes_hit_what_they_promise():
@@ -205,4 +208,15 @@ def test_bench_cluster_command_compares_the_routers(tmp_path, capsys):
     assert all(r["errors"] == 0 and 0 < r["hit_rate"] < 1 for r in rows.values())
     assert rows["single"]["hit_vs_single"] == 1.0 and rows["round-robin"]["req_s_vs_rr"] == 1.0
     assert png.stat().st_size > 0
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 80
+
+
+def test_bench_spec_command_compares_speculation_off_and_on(tmp_path, capsys, real_model_file):
+    out = tmp_path / "spec.json"
+    args = ["bench", "spec", "--quick", "--workloads", "questions", "rewrite"]
+    assert main([*args, "--json", str(out)]) == 0  # nonzero when any greedy output differs
+    data = json.loads(out.read_text())
+    assert len(data["pairs"]) == 4 and {p["same"] for p in data["pairs"]} == {"yes"}
+    on = [r for r in data["rows"] if r["config"] == "on"]
+    assert all(r["drafted"] > 0 for r in on)
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 80
