@@ -4,7 +4,8 @@ Layer by layer from Python, a decode step makes about a dozen calls a layer (mod
 argument checks, small allocations), a cost that does not shrink with the batch and at
 batch 1 rivals streaming the weights. The native loop runs the same kernels
 in the same order, so its results equal the layer-by-layer path's bit for bit (the tests
-compare them). It takes the forwards where every row is one request's next token, every
+compare them). It takes the forwards where every row's logits are wanted (decode steps, and
+decode steps whose rows verify draft tokens: a few causal rows per request), every
 projection sits on column panels and the native backend's paged plan alone attends every
 row (``NativeMetadata.plan_only``); any other forward goes through the layers. The model
 is read by its Hugging Face attribute names; nothing here imports it.
@@ -90,7 +91,9 @@ class DecodeLayers:
         """``(the last layer's MLP output, the residual stream)`` for the embeddings ``x``
         of a decode step the loop takes, else None (nothing done). ``batch`` and
         ``backend``: the forward's ``ForwardBatch`` and attention backend."""
-        if len(x) > self.max_rows or not batch.is_decode or batch.return_all_logits:
+        if len(x) > self.max_rows or batch.return_all_logits:
+            return None
+        if len(batch.logit_index()) != len(x):  # the model keeps every row's logits after it
             return None
         meta = batch.attn_metadata
         if not isinstance(meta, NativeMetadata) or not meta.plan_only or meta.plan is None:

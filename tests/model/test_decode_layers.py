@@ -93,18 +93,21 @@ def test_decode_steps_equal_the_layer_by_layer_path(dtype, grouped, quantize, ta
         s.forward(ForwardBatch.create([request], 16), True)
         contexts.append((slots, start + n))
     groups = [PrefixGroup(64, (0, 1, 2))] if grouped else []
-    for step in range(4):
+    # two decode steps, then two whose rows verify 2 draft tokens (3 rows a request, each
+    # with its logits: speculative decoding)
+    for at, k in [(0, 1), (1, 1), (2, 3), (5, 3)]:
         requests = [
-            ExtendRequest([int(rng.integers(0, 300))], slots[: n + step + 1])
-            for slots, n in contexts
+            ExtendRequest(rng.integers(0, 300, k), slots[: n + at + k]) for slots, n in contexts
         ]
-        batch = ForwardBatch.create(requests, 16, prefix_groups=groups)
+        counts = None if k == 1 else [k] * len(requests)
+        batch = ForwardBatch.create(requests, 16, prefix_groups=groups, logit_lens=counts)
         before = [t.clone() for t in s.pool.k + s.pool.v]
         native = s.forward(batch, native=True)
+        assert len(native) == k * len(requests)
         after = [t.clone() for t in s.pool.k + s.pool.v]
         for t, saved in zip(s.pool.k + s.pool.v, before, strict=True):
             t.copy_(saved)
-        batch = ForwardBatch.create(requests, 16, prefix_groups=groups)
+        batch = ForwardBatch.create(requests, 16, prefix_groups=groups, logit_lens=counts)
         layered = s.forward(batch, native=False)
         assert torch.equal(native, layered)
         assert all(torch.equal(a, b) for a, b in zip(after, s.pool.k + s.pool.v, strict=True))
