@@ -7,6 +7,13 @@ the request's output without sampling them; the scheduler then sees a sequence l
 what is computed and runs those tokens as one extend chunk in the next step, instead of one
 decode step each. The tokens are xgrammar's (``find_jump_forward_tokens``), each accepted by
 the matcher in turn, so the model is fed exactly what the grammar accepts.
+
+A speculative draft is cut at its first token the grammar rejects (``drafts.draft_prefix``);
+its verification masks the distribution at each draft position with the bitmask of the
+matcher advanced over the draft tokens before it (then rolled back), so a kept draft token
+is one the grammar allows there and the tokens are those constrained plain decoding picks.
+Where plain decoding would append forced tokens after a kept draft token, the draft is cut
+there too: what follows was verified without them.
 """
 
 from __future__ import annotations
@@ -14,12 +21,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from radixserve.engine.grammar import xgrammar_module
 from radixserve.engine.metrics import EngineMetrics
+from radixserve.engine.model_runner import Drafted
 from radixserve.engine.req import Req, ReqState
 from radixserve.engine.stop import StopChecker
 
@@ -39,14 +48,16 @@ class ConstrainedDecoding:
 
     # ---- one step ------------------------------------------------------------------------
 
-    def start(self, sampling: list[Req]) -> Future | None:
+    def start(self, sampling: list[Req], drafts: dict[Req, tuple[int, ...]]) -> Future | None:
         """Begin filling the bitmasks of ``sampling`` (the rows of the step's logits, in
-        order); None when no row is constrained."""
+        order) and of the positions of each constrained request's ``drafts``; None when
+        nothing is constrained."""
         rows = [i for i, r in enumerate(sampling) if r.grammar is not None]
-        if not rows:
+        drafts = {req: d for req, d in drafts.items() if req.grammar is not None}
+        if not rows and not drafts:
             return None
         matchers = [sampling[i].grammar for i in rows]
-        return self._pool.submit(self._fill, matchers, len(sampling), rows)
+        return self._pool.submit(self._fill, matchers, len(sampling), rows, drafts)
 
     def apply(self, logits: torch.Tensor, pending: Future | None) -> torch.Tensor:
         """``logits`` ([rows, vocab]) as float32 with every token the grammars forbid at
@@ -54,24 +65,55 @@ class ConstrainedDecoding:
         if pending is None:
             return logits
         t0 = time.perf_counter()
-        bitmask, rows, fill_s = pending.result()
+        bitmask, rows, _, fill_s = pending.result()
         self.metrics.grammar_fill_s += fill_s
+        if rows:
+            logits = self._mask(logits, bitmask, rows)
+        self.metrics.grammar_wait_s += time.perf_counter() - t0
+        return logits
+
+    def apply_drafted(self, drafted: list[Drafted], pending: Future | None) -> list[Drafted]:
+        """``drafted`` with each constrained request's logits masked position by position."""
+        if pending is None:
+            return drafted
+        masks = pending.result()[2]
+        return [
+            replace(d, logits=self._mask(d.logits, masks[d.req], None)) if d.req in masks else d
+            for d in drafted
+        ]
+
+    def _mask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows) -> torch.Tensor:
         logits = logits.float().contiguous()
         bitmask = bitmask.to(logits.device, non_blocking=True)
         xgrammar_module().apply_token_bitmask_inplace(
             logits, bitmask, vocab_size=self.vocab_size, indices=rows
         )
-        self.metrics.grammar_wait_s += time.perf_counter() - t0
         return logits
 
-    def _fill(self, matchers: list, batch: int, rows: list[int]):
+    def _fill(self, matchers: list, batch: int, rows: list[int], drafts: dict):
         t0 = time.perf_counter()
         xgr = xgrammar_module()
         if self._batch is None:
             self._batch = xgr.BatchGrammarMatcher(max_threads=1)
-        bitmask = xgr.allocate_token_bitmask(batch, self.vocab_size)
-        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
-        return bitmask, rows, time.perf_counter() - t0
+        bitmask = None
+        if rows:
+            bitmask = xgr.allocate_token_bitmask(batch, self.vocab_size)
+            self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+        masks = {req: self._fill_draft(req.grammar, draft) for req, draft in drafts.items()}
+        return bitmask, rows, masks, time.perf_counter() - t0
+
+    def _fill_draft(self, matcher, draft: tuple[int, ...]) -> torch.Tensor:
+        """The bitmask after each prefix of ``draft`` (all of it accepted: see
+        ``draft_prefix``), the matcher left where it was."""
+        bitmask = xgrammar_module().allocate_token_bitmask(len(draft) + 1, self.vocab_size)
+        for j, token in enumerate(draft):
+            matcher.fill_next_token_bitmask(bitmask, j)
+            if not matcher.accept_token(token):
+                matcher.rollback(j)
+                raise RuntimeError(f"the grammar rejected draft token {token}")
+        matcher.fill_next_token_bitmask(bitmask, len(draft))
+        matcher.rollback(len(draft))
+        return bitmask
 
     # ---- after a token -------------------------------------------------------------------
 
@@ -108,7 +150,7 @@ class ConstrainedDecoding:
         return not (allowed & self._not_stop).any()
 
     def finish_check(self, stop: StopChecker, context_len: int) -> Callable[[Req], None]:
-        """What the scheduler runs after each sampled token: the grammar advances (and may
+        """What the scheduler runs after each new token: the grammar advances (and may
         append forced tokens), then the usual checks; a grammar that has ended finishes
         its request."""
 

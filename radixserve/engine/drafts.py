@@ -4,8 +4,8 @@ A decoding request proposes the tokens that followed its context in a cached seq
 own namespace (the tree keeps every finished prompt and answer: the same question asked
 again, an agent re-emitting a call), else those that followed the latest earlier occurrence
 of its last few tokens in its own prompt and output (an n-gram match: code that copies the
-input, an answer quoting its document). The model verifies drafts in the next step
-(``speculative.py``); only verified tokens ever reach the tree.
+input, an answer quoting its document), cut where a grammar rejects it. The model verifies
+drafts in the next step (``speculative.py``); only verified tokens ever reach the tree.
 
 How many it proposes adapts to what it got accepted: one more after a fully accepted draft,
 one past the accepted ones otherwise; after a second draft in a row of which nothing was
@@ -54,14 +54,29 @@ def ngram_draft(seq: np.ndarray, limit: int) -> np.ndarray:
 
 def drafts_allowed(req: Req) -> bool:
     """Drafts keep a request's output distribution where its next token depends only on the
-    logits: not under a grammar or a penalty over what it has generated."""
+    logits and the grammar: not under a penalty over what it has generated."""
     p = req.params
-    return (
-        req.grammar is None
-        and p.repetition_penalty == 1
-        and not p.frequency_penalty
-        and not p.presence_penalty
-    )
+    return p.repetition_penalty == 1 and not p.frequency_penalty and not p.presence_penalty
+
+
+def draft_prefix(req: Req, draft: tuple[int, ...]) -> tuple[int, ...]:
+    """The longest start of ``draft`` that ``req``'s grammar (if any) accepts after its
+    output, up to a token after which the grammar forces text to jump over; the matcher is
+    left where it was."""
+    matcher = req.grammar
+    if matcher is None or not draft:
+        return draft
+    jumps = req.params.jump_forward and not req.params.return_logprob
+    kept = 0
+    while kept < len(draft) and not matcher.is_terminated():
+        if not matcher.accept_token(draft[kept]):
+            break
+        kept += 1
+        if jumps and matcher.find_jump_forward_string():
+            break
+    if kept:
+        matcher.rollback(kept)
+    return draft[:kept]
 
 
 class Drafter:
@@ -96,7 +111,7 @@ class Drafter:
         draft, state.source = self.cache.continuation(seq, req.namespace, room), "tree"
         if not len(draft):
             draft, state.source = ngram_draft(seq, room), "ngram"
-        return tuple(draft.tolist())
+        return draft_prefix(req, tuple(draft.tolist()))
 
     def observe(self, req: Req, proposed: int, accepted: int) -> None:
         """What verification kept of the request's draft: its next limit, and the counts."""

@@ -317,14 +317,18 @@ class Engine(ChatTemplating):
             return
         try:
             t_forward = time.perf_counter()
-            masks = self.constrained.start([w.req for w in batch.work if w.samples and not w.draft])
+            masks = self.constrained.start(
+                [w.req for w in batch.work if w.samples and not w.draft],
+                {w.req: w.draft for w in batch.work if w.draft},
+            )
             out = self.runner.forward(batch)
             m.forward_s += time.perf_counter() - t_forward
             out = replace(out, last=add_logit_bias(out.last, out.sampled))
             tokens = self.sampler.sample(self.constrained.apply(out.last, masks), out.sampled)
             record_logprobs(batch, out, tokens)
             new = {req: [token] for req, token in zip(out.sampled, tokens, strict=True)}
-            new |= {d.req: verify(d, self.sampler) for d in out.drafted}
+            drafted = self.constrained.apply_drafted(out.drafted, masks)
+            new |= {d.req: verify(d, self.sampler) for d in drafted}
         except Exception as exc:  # a failed forward fails its requests, not the engine
             for item in batch.work:
                 item.req.finish_reason = f"error: {exc}"
@@ -336,9 +340,9 @@ class Engine(ChatTemplating):
             if req.first_token_s is None:
                 req.first_token_s = now
         t0 = time.perf_counter()
-        before = {d.req: len(d.req.output_ids) for d in out.drafted}
+        before = {d.req: len(d.req.output_ids) for d in drafted}
         finished = self.scheduler.process(batch, new)
-        for d in out.drafted:
+        for d in drafted:
             record_drafted_logprobs(d, len(d.req.output_ids) - before[d.req])
         m.scheduler_s += time.perf_counter() - t0
         if batch.decode:

@@ -352,15 +352,20 @@ class Scheduler:
         return finished
 
     def _accept(self, item: Work, tokens: list[int]) -> None:
-        """Append a verified draft's tokens until one finishes the request. K/V is computed
-        for the last token and the accepted drafts; the rejected drafts' pages go back."""
+        """Append a verified draft's tokens until one finishes the request, or its grammar
+        appends forced tokens after one (the tokens after it were verified without them).
+        K/V is computed for the last token and the accepted drafts; the rejected drafts'
+        pages go back."""
         req = item.req
+        taken = 0
         for token in tokens:
             req.output_ids.append(token)
+            taken += 1
+            length = len(req.output_ids)
             self.finish_check(req)
-            if req.finished:
+            if req.finished or len(req.output_ids) > length:
                 break
-        req.computed_len = min(item.start + len(tokens), req.seq_len)
-        self.drafter.observe(req, len(item.draft), len(tokens) - 1)
+        req.computed_len = min(item.start + taken, req.seq_len)
+        self.drafter.observe(req, len(item.draft), taken - 1)
         if not req.finished:
             self.req_cache.trim_slots(req, req.seq_len)

@@ -3,11 +3,17 @@ reasons and logprobs with and without it, under stop strings, max_tokens, n > 1,
 and penalties; tree drafts of a question asked again are all kept; the counters reach
 ``cache_stats`` and ``/metrics``; sampling with drafts still follows each request's seed."""
 
+import json
+
 import httpx
+import jsonschema
+import numpy as np
 import pytest
 
 from radixserve import Engine
 from radixserve.engine import SamplingParams
+from radixserve.engine.drafts import draft_prefix
+from radixserve.engine.req import Req
 from radixserve.server import create_app
 from tests.e2e.test_server import _serve
 from tests.real_model import REAL_MODEL, real_model_file
@@ -61,6 +67,54 @@ def test_greedy_outputs_are_the_same_token_for_token(engines):
     stats = on.cache_stats()
     assert stats["accepted_tokens_tree"] > 0 and stats["draft_tokens_ngram"] > 0
     assert off.cache_stats()["draft_tokens"] == 0
+
+
+PLANETS = {
+    "type": "object",
+    "properties": {
+        "star": {"type": "string"},
+        "planets": {"type": "array", "items": {"type": "string"}, "maxItems": 8},
+    },
+    "required": ["star", "planets"],
+}
+
+
+@pytest.mark.parametrize("jump_forward", [True, False])
+def test_grammar_drafts_keep_constrained_outputs_and_are_kept(engines, jump_forward):
+    off, on = engines
+    ids = [chat(off, "Name the star and the planets of the solar system, as JSON.")]
+    params = SamplingParams(
+        max_new_tokens=80, temperature=0, json_schema=PLANETS, jump_forward=jump_forward
+    )
+    before = on.cache_stats()
+    for _ in range(2):  # n-gram drafts, then the tree's continuation of the first answer
+        a = off.generate(input_ids=ids, sampling_params=params)[0]
+        b = on.generate(input_ids=ids, sampling_params=params)[0]
+        assert a["token_ids"] == b["token_ids"]
+        assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
+        assert b["meta_info"]["finish_reason"]["type"] == "stop"
+        jsonschema.validate(json.loads(b["text"]), PLANETS)
+    after = on.cache_stats()
+    assert after["accepted_tokens_tree"] - before["accepted_tokens_tree"] >= 16
+
+
+def test_a_draft_is_cut_where_the_grammar_rejects_it_or_jumps_forward(engines):
+    _, on = engines
+    ids = np.asarray(chat(on, "JSON"), dtype=np.int32)
+    good = on.tokenizer.encode('{"star": "Sun", "planets"', add_special_tokens=False)
+    bad = on.tokenizer.encode("}}", add_special_tokens=False)
+    plain = Req("g", ids, SamplingParams(json_schema=PLANETS, jump_forward=False))
+    on.grammars.bind([plain])
+    assert draft_prefix(plain, (*good, *bad, *good)) == tuple(good)
+    assert draft_prefix(plain, tuple(bad)) == ()
+    assert draft_prefix(plain, tuple(good)) == tuple(good)  # the matcher was left as it was
+    jumping = Req("j", ids, SamplingParams(json_schema=PLANETS))
+    on.grammars.bind([jumping])
+    cut = draft_prefix(jumping, tuple(good))
+    assert 0 < len(cut) < len(good) and cut == tuple(good[: len(cut)])
+    for token in cut:  # where plain decoding would append forced text instead
+        assert jumping.grammar.accept_token(token)
+    assert jumping.grammar.find_jump_forward_string()
 
 
 def test_tree_drafts_of_a_question_asked_again_are_all_kept(engines):
