@@ -75,7 +75,9 @@ def test_the_draft_length_adapts_and_pauses_after_rejections():
     drafter.observe(req, 1, 0)  # a second draft in a row with nothing kept: a pause
     assert drafter.propose(req) == ()
     assert len(drafter.propose(req)) == 1
-    assert metrics.draft_tokens == {"tree": 7} and metrics.accepted_tokens == {"tree": 1}
+    drafter.observe(req, 1, 1)  # all kept: twice as many next
+    assert req.draft_state.limit == 2
+    assert metrics.draft_tokens == {"tree": 8} and metrics.accepted_tokens == {"tree": 2}
     # no drafts past max_new_tokens, or under a penalty
     assert drafter.propose(Req("s", req.input_ids, SamplingParams(max_new_tokens=1))) == ()
     penalised = SamplingParams(max_new_tokens=9, repetition_penalty=1.1)
