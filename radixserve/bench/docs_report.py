@@ -28,7 +28,8 @@ from pathlib import Path
 from radixserve.bench.report import Column, machine, markdown_table
 from radixserve.cpu.profile import CpuProfile
 
-SECTIONS = ("demo", "serving", "vllm", "serve", "model", "kernels", "cache", "simulate", "tiers")
+SECTIONS = ("demo", "serving", "vllm", "serve", "model", "quantized", "kernels", "cache")
+SECTIONS += ("simulate", "tiers")
 SECTIONS += ("cluster", "lang", "structured", "spec")
 MARK = re.compile(r"^<!-- table (.*) -->$", re.MULTILINE)
 NOT_MEASURED = "(not measured yet: run the command above)"
