@@ -1,5 +1,6 @@
 """Speculative decoding on the real model (float32): the same greedy tokens, texts, finish
 reasons and logprobs with and without it, under stop strings, max_tokens, n > 1, grammars
+(drafts cut where the matcher rejects them or jumps forward; tool calls through the server)
 and penalties; tree drafts of a question asked again are all kept; the counters reach
 ``cache_stats`` and ``/metrics``; sampling with drafts still follows each request's seed."""
 
@@ -115,6 +116,45 @@ def test_a_draft_is_cut_where_the_grammar_rejects_it_or_jumps_forward(engines):
     for token in cut:  # where plain decoding would append forced text instead
         assert jumping.grammar.accept_token(token)
     assert jumping.grammar.find_jump_forward_string()
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 40}},
+    "required": ["city"],
+}
+
+
+def test_a_re_emitted_tool_call_is_the_same_with_drafts_from_the_tree(real_model_file):
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [tool],
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_tokens": 48,
+    }
+    calls = {}
+    for name, spec in (("off", None), ("on", "ngram")):
+        engine = Engine(REAL_MODEL, quantize="none", page_size=16, speculative=spec)
+        srv, thread, url = _serve(create_app(engine, "m"))
+        try:
+            before = engine.cache_stats()
+            calls[name] = []
+            for _ in range(2):  # the agent's loop asks the same thing again
+                reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()
+                call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+                jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+                calls[name].append(call)
+            after = engine.cache_stats()
+        finally:
+            srv.should_exit = True
+            thread.join(timeout=10)
+            engine.shutdown()
+    assert calls["on"] == calls["off"]
+    # the grammar jumps over the call's fixed text; the tree drafts what it leaves free
+    assert after["accepted_tokens_tree"] > before["accepted_tokens_tree"]
 
 
 def test_tree_drafts_of_a_question_asked_again_are_all_kept(engines):
