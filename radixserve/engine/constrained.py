@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -30,7 +31,18 @@ from radixserve.engine.grammar import xgrammar_module
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.model_runner import Drafted
 from radixserve.engine.req import Req, ReqState
+from radixserve.engine.schedule_batch import Work
 from radixserve.engine.stop import StopChecker
+
+
+class Filled(NamedTuple):
+    """A step's bitmasks: ``bitmask`` rows ``rows`` of its sampled logits, and per drafted
+    request one row per draft position."""
+
+    bitmask: torch.Tensor | None
+    rows: list[int]
+    drafts: dict[Req, torch.Tensor]
+    seconds: float
 
 
 class ConstrainedDecoding:
@@ -48,12 +60,13 @@ class ConstrainedDecoding:
 
     # ---- one step ------------------------------------------------------------------------
 
-    def start(self, sampling: list[Req], drafts: dict[Req, tuple[int, ...]]) -> Future | None:
-        """Begin filling the bitmasks of ``sampling`` (the rows of the step's logits, in
-        order) and of the positions of each constrained request's ``drafts``; None when
-        nothing is constrained."""
+    def start(self, work: list[Work]) -> Future | None:
+        """Begin filling the bitmasks of a step's constrained rows that sample (in the order
+        of its logits) and of each position of its constrained drafts; None when nothing is
+        constrained."""
+        sampling = [w.req for w in work if w.samples and not w.draft]
         rows = [i for i, r in enumerate(sampling) if r.grammar is not None]
-        drafts = {req: d for req, d in drafts.items() if req.grammar is not None}
+        drafts = {w.req: w.draft for w in work if w.draft and w.req.grammar is not None}
         if not rows and not drafts:
             return None
         matchers = [sampling[i].grammar for i in rows]
@@ -65,10 +78,10 @@ class ConstrainedDecoding:
         if pending is None:
             return logits
         t0 = time.perf_counter()
-        bitmask, rows, _, fill_s = pending.result()
-        self.metrics.grammar_fill_s += fill_s
-        if rows:
-            logits = self._mask(logits, bitmask, rows)
+        filled: Filled = pending.result()
+        self.metrics.grammar_fill_s += filled.seconds
+        if filled.rows:
+            logits = self._mask(logits, filled.bitmask, filled.rows)
         self.metrics.grammar_wait_s += time.perf_counter() - t0
         return logits
 
@@ -76,7 +89,7 @@ class ConstrainedDecoding:
         """``drafted`` with each constrained request's logits masked position by position."""
         if pending is None:
             return drafted
-        masks = pending.result()[2]
+        masks = pending.result().drafts
         return [
             replace(d, logits=self._mask(d.logits, masks[d.req], None)) if d.req in masks else d
             for d in drafted
@@ -90,7 +103,7 @@ class ConstrainedDecoding:
         )
         return logits
 
-    def _fill(self, matchers: list, batch: int, rows: list[int], drafts: dict):
+    def _fill(self, matchers: list, batch: int, rows: list[int], drafts: dict) -> Filled:
         t0 = time.perf_counter()
         xgr = xgrammar_module()
         if self._batch is None:
@@ -100,7 +113,7 @@ class ConstrainedDecoding:
             bitmask = xgr.allocate_token_bitmask(batch, self.vocab_size)
             self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
         masks = {req: self._fill_draft(req.grammar, draft) for req, draft in drafts.items()}
-        return bitmask, rows, masks, time.perf_counter() - t0
+        return Filled(bitmask, rows, masks, time.perf_counter() - t0)
 
     def _fill_draft(self, matcher, draft: tuple[int, ...]) -> torch.Tensor:
         """The bitmask after each prefix of ``draft`` (all of it accepted: see

@@ -16,7 +16,6 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
-from dataclasses import replace
 
 from radixserve.cache import create_prefix_cache
 from radixserve.cpu import CpuProfile
@@ -29,16 +28,16 @@ from radixserve.engine.drafts import Drafter
 from radixserve.engine.grammar import GrammarCompiler
 from radixserve.engine.inbox import Inbox
 from radixserve.engine.intake import RequestFactory
-from radixserve.engine.logprobs import record_logprobs
 from radixserve.engine.metrics import EngineMetrics, routing_snapshot
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import Listener, request_output, stream_outputs
 from radixserve.engine.req import Req
 from radixserve.engine.req_cache import ReqCacheManager
-from radixserve.engine.sampler import Sampler, add_logit_bias
+from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.engine.scheduler import Scheduler
-from radixserve.engine.speculative import record_drafted_logprobs, verify
+from radixserve.engine.speculative import record_drafted_logprobs
+from radixserve.engine.step_tokens import new_tokens
 from radixserve.engine.stop import StopChecker
 from radixserve.engine.tiers import create_tiers
 from radixserve.engine.trace_recorder import TraceRecorder
@@ -317,18 +316,10 @@ class Engine(ChatTemplating):
             return
         try:
             t_forward = time.perf_counter()
-            masks = self.constrained.start(
-                [w.req for w in batch.work if w.samples and not w.draft],
-                {w.req: w.draft for w in batch.work if w.draft},
-            )
+            masks = self.constrained.start(batch.work)
             out = self.runner.forward(batch)
             m.forward_s += time.perf_counter() - t_forward
-            out = replace(out, last=add_logit_bias(out.last, out.sampled))
-            tokens = self.sampler.sample(self.constrained.apply(out.last, masks), out.sampled)
-            record_logprobs(batch, out, tokens)
-            new = {req: [token] for req, token in zip(out.sampled, tokens, strict=True)}
-            drafted = self.constrained.apply_drafted(out.drafted, masks)
-            new |= {d.req: verify(d, self.sampler) for d in drafted}
+            new, drafted = new_tokens(batch, out, masks, self.constrained, self.sampler)
         except Exception as exc:  # a failed forward fails its requests, not the engine
             for item in batch.work:
                 item.req.finish_reason = f"error: {exc}"

@@ -21,6 +21,7 @@ import numpy as np
 
 from radixserve.cache import RadixCache
 from radixserve.cache.shared_paths import PrefixGroupRule
+from radixserve.engine.batch_reads import prefix_groups, take_copies
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.drafts import Drafter
 from radixserve.engine.metrics import EngineMetrics
@@ -116,7 +117,8 @@ class Scheduler:
         if prefill:
             self.metrics.prefill_budget_tokens = prefill
             self.metrics.mixed_steps += decodes > 0
-        return ScheduleBatch(work, self._groups(work), self._take_copies(work))
+        groups = prefix_groups(work, self.group_rule, self.req_cache.cache, self.metrics)
+        return ScheduleBatch(work, groups, take_copies(work))
 
     def _plan(self) -> tuple[list[Work], PrefillBudget]:
         if self.config.mixed_batches:
@@ -141,40 +143,6 @@ class Scheduler:
         if self.itl is None:
             return PrefillBudget(tokens, self.page)
         return self.itl.budget(tokens, [w.end for w in decode])
-
-    @staticmethod
-    def _take_copies(work: list[Work]) -> tuple[np.ndarray, np.ndarray] | None:
-        """The cached K/V this pass copies for its requests before reading it (admission
-        queued them; a request admitted in an earlier step's plan but not run yet too)."""
-        copies = [w.req.kv_copy for w in work if w.req.kv_copy is not None]
-        for w in work:
-            w.req.kv_copy = None
-        if not copies:
-            return None
-        return np.concatenate([c[0] for c in copies]), np.concatenate([c[1] for c in copies])
-
-    def _groups(self, work: list[Work]) -> list[tuple[int, list[int]]]:
-        """The tree paths the batch's requests share, among the groups the attention backend
-        runs: it reads each shared prefix once for all its readers."""
-        rule = self.group_rule
-        if rule is None or len(work) < 2:
-            return []
-        members = [i for i, w in enumerate(work) if rule.takes_member(w.end - w.start)]
-        # A request may lock a longer match than it reads from the tree (prompt logprobs
-        # recompute their span): only its first cached_len slots are the tree's.
-        found = self.req_cache.cache.shared_prefixes(
-            [work[i].req.last_node for i in members],
-            [work[i].req.cached_len for i in members],
-            rule.min_shared,
-        )
-        groups = []
-        for shared, positions in found:
-            group = [members[p] for p in positions]
-            if rule.takes_group([work[i].end - work[i].start for i in group]):
-                groups.append((shared, group))
-        self.metrics.cascade_groups += len(groups)
-        self.metrics.cascade_saved_tokens += sum((len(m) - 1) * n for n, m in groups)
-        return groups
 
     def _schedule_extend(self, budget: PrefillBudget) -> list[Work]:
         work: list[Work] = []
