@@ -91,6 +91,28 @@ def test_native_product_equals_torch_on_the_dequantized_weight(
     torch.testing.assert_close(kernels.dequantize_rows(*args, None), values)
 
 
+@needs_native
+@pytest.mark.parametrize("march", TARGETS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+@settings(max_examples=10, deadline=None)
+@given(
+    rows=st.integers(1, 3),
+    groups=st.integers(14, 40),
+    out=st.integers(1, 11),
+    seed=st.integers(0, 2**16),
+)
+def test_few_rows_scale_each_groups_sum(march, layout, rows, groups, out, seed):
+    """One or two rows (a decode step) scale each group's dot product of codes and add the
+    bases times the rows' group sums, 16 groups to a vector: rows that make several such
+    vectors and a remainder, then a third row on the general tile."""
+    kernels = load_native(march)
+    assert kernels is not None, f"the native kernels did not build for {march}"
+    w = random_matrix(out, groups * layout[1], layout, seed)
+    x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(seed))
+    got = kernels.quant_linear(x, w.codes, w.scale, w.offset, w.group, w.bits, w.zero)
+    assert_float32_accumulation(got, x, w)
+
+
 def rounded_rows(x: torch.Tensor) -> torch.Tensor:
     """The kernels' int8 twin of ``x``: each group of 32 rounded to a step of max|x| / 127."""
     g = x.reshape(len(x), -1, 32)

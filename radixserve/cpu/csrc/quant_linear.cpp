@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace radixserve {
 namespace {
@@ -25,6 +26,7 @@ typedef float Vec __attribute__((vector_size(64)));
 constexpr int kLanes = 16;
 constexpr int kBlock = 4;
 constexpr int kRowsMax = 6;
+constexpr int kFewRows = 2;
 
 inline float hsumv(Vec v) {
   f8 lo, hi;
@@ -37,6 +39,7 @@ typedef f8 Vec;
 constexpr int kLanes = 8;
 constexpr int kBlock = 3;
 constexpr int kRowsMax = 4;
+constexpr int kFewRows = 1;
 
 inline float hsumv(Vec v) { return hsum(v); }
 #endif
@@ -82,6 +85,13 @@ inline Vec values(const uint8_t* g, int s, float scale, float offset, int zero) 
   return __builtin_convertvector(c - zero, Vec) * scale + offset;
 }
 
+// A group's scale and the base its values start from: value = code * scale + base.
+template <bool Off, bool H>
+inline void scale_base(const QuantMatrix& w, int64_t at, float& scale, float& base) {
+  scale = group_value<H>(w.scale, at);
+  base = (Off ? group_value<H>(w.offset, at) : 0.0f) - static_cast<float>(w.zero) * scale;
+}
+
 // y[r][b] = x[r] . w[j + b] for R input rows and B weight rows (y's row stride: out).
 template <int Bits, int G, bool Off, bool H, int B, int R>
 void tile(const float* x, const Rows& m, int64_t j, float* y, Prefetch* pf) {
@@ -111,6 +121,88 @@ void tile(const float* x, const Rows& m, int64_t j, float* y, Prefetch* pf) {
   }
 }
 
+// kLanes consecutive entries of a scale or offset array as floats.
+template <bool H>
+inline Vec group_vec(const void* p, int64_t i) {
+  if constexpr (H) {
+    const uint16_t* h = static_cast<const uint16_t*>(p) + i;
+#if defined(__AVX512F__)
+    const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+#else
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+#endif
+    Vec out;
+    std::memcpy(&out, &v, sizeof out);
+    return out;
+  } else {
+    return load_vec<Vec>(static_cast<const float*>(p) + i);
+  }
+}
+
+// A group's codes s * kLanes .. as floats, neither shifted by the zero nor scaled.
+template <int Bits, int G>
+inline Vec codes_vec(const uint8_t* g, int s) {
+  if constexpr (Bits == 8) {
+    return __builtin_convertvector(widen<true>(g + s * kLanes), Vec);
+  } else {
+    constexpr int half = G / 2 / kLanes;
+    const IVec b = widen<false>(g + (s % half) * kLanes);
+    return __builtin_convertvector(s < half ? (b & 15) : (b >> 4), Vec);
+  }
+}
+
+constexpr int64_t kMaxGroups = 1024;
+
+// The tile for few input rows, scaling after the sums: with base = offset - zero * scale,
+// x . w[j] = sum over groups of scale * (x . codes) + base * (the sum of x over the group).
+// Each code costs a conversion and a multiply-add for each row, the scale one per group and
+// row, the bases one product per 16 groups (xsum [R, groups]: each row's group sums).
+template <int Bits, int G, bool Off, bool H, int B, int R>
+void tile_scaled(const float* x, const float* xsum, const Rows& m, int64_t j, float* y,
+                 Prefetch* pf) {
+  constexpr int S = G / kLanes;
+  const QuantMatrix& w = m.w;
+  const int64_t groups = m.groups, whole = groups / kLanes * kLanes;
+  float scale[B][kMaxGroups];
+  float tail[B][R] = {};
+  for (int b = 0; b < B; ++b) {
+    const int64_t row = (j + b) * groups;
+    Vec part[R] = {};
+    for (int64_t g = 0; g < whole; g += kLanes) {
+      const Vec sc = group_vec<H>(w.scale, row + g);
+      Vec base = -static_cast<float>(w.zero) * sc;
+      if constexpr (Off) base += group_vec<H>(w.offset, row + g);
+      std::memcpy(&scale[b][g], &sc, sizeof sc);
+      for (int r = 0; r < R; ++r) part[r] += base * load_vec<Vec>(xsum + r * groups + g);
+    }
+    for (int r = 0; r < R; ++r) tail[b][r] = hsumv(part[r]);
+    for (int64_t g = whole; g < groups; ++g) {
+      float sc, base;
+      scale_base<Off, H>(w, row + g, sc, base);
+      scale[b][g] = sc;
+      for (int r = 0; r < R; ++r) tail[b][r] += base * xsum[r * groups + g];
+    }
+  }
+  Vec acc[B][R] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    pf[0].step();
+    Vec dot[B][R] = {};
+    for (int s = 0; s < S; ++s) {
+      const int64_t k = g * G + s * kLanes;
+      for (int b = 0; b < B; ++b) {
+        const Vec c = codes_vec<Bits, G>(w.codes + (j + b) * m.code_bytes + g * (G * Bits / 8), s);
+        for (int r = 0; r < R; ++r) dot[b][r] += c * load_vec<Vec>(x + r * w.in + k);
+      }
+    }
+    for (int b = 0; b < B; ++b) {
+      for (int r = 0; r < R; ++r) acc[b][r] += dot[b][r] * scale[b][g];
+    }
+  }
+  for (int b = 0; b < B; ++b) {
+    for (int r = 0; r < R; ++r) y[r * w.out + b] = hsumv(acc[b][r]) + tail[b][r];
+  }
+}
+
 template <int Bits, int G, bool Off, bool H, int B, int R>
 void rest(int64_t left, const float* x, const Rows& m, int64_t j, float* y, Prefetch* pf) {
   if (left == R) {
@@ -122,8 +214,15 @@ void rest(int64_t left, const float* x, const Rows& m, int64_t j, float* y, Pref
 
 // Every input row against weight rows j .. j + B - 1, kRowsMax rows at a time.
 template <int Bits, int G, bool Off, bool H, int B>
-void block(const float* x, int64_t rows, const Rows& m, int64_t j, float* y, Prefetch* pf) {
+void block(const float* x, const float* xsum, int64_t rows, const Rows& m, int64_t j, float* y,
+           Prefetch* pf) {
   const int64_t in = m.w.in, out = m.w.out;
+  if (xsum != nullptr) {
+    if (rows == 1) return tile_scaled<Bits, G, Off, H, B, 1>(x, xsum, m, j, y + j, pf);
+    if constexpr (kFewRows >= 2) {
+      if (rows == 2) return tile_scaled<Bits, G, Off, H, B, 2>(x, xsum, m, j, y + j, pf);
+    }
+  }
   int64_t r = 0;
   for (; r + kRowsMax <= rows; r += kRowsMax) {
     tile<Bits, G, Off, H, B, kRowsMax>(x + r * in, m, j, y + r * out + j, pf);
@@ -151,6 +250,16 @@ void run(const float* x, int64_t rows, const QuantMatrix& w, float* y) {
     const float* xc = x + r0 * w.in;
     float* yc = y + r0 * w.out;
     const int64_t steps = (n + kRowsMax - 1) / kRowsMax * m.groups;
+    std::vector<float> sums;
+    if (n <= kFewRows && m.groups <= kMaxGroups) {
+      sums.resize(n * m.groups);
+      for (int64_t i = 0; i < n * m.groups; ++i) {
+        float t = 0.0f;
+        for (int k = 0; k < G; ++k) t += xc[i * G + k];
+        sums[i] = t;
+      }
+    }
+    const float* xsum = sums.empty() ? nullptr : sums.data();
     at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         const int64_t j = b * kBlock, next = std::min(j + kBlock, w.out - kBlock);
@@ -158,12 +267,12 @@ void run(const float* x, int64_t rows, const QuantMatrix& w, float* y) {
             spread(w.codes + next * m.code_bytes, kBlock * m.code_bytes, steps),
             spread(static_cast<const char*>(w.scale) + next * m.groups * kScaleBytes,
                    kBlock * m.groups * kScaleBytes, steps)};
-        block<Bits, G, Off, H, kBlock>(xc, n, m, j, yc, pf);
+        block<Bits, G, Off, H, kBlock>(xc, xsum, n, m, j, yc, pf);
       }
     });
     for (int64_t j = blocks * kBlock; j < w.out; ++j) {  // the last out % kBlock weight rows
       Prefetch none[2] = {{nullptr, nullptr, 1, 0}, {nullptr, nullptr, 1, 0}};
-      block<Bits, G, Off, H, 1>(xc, n, m, j, yc, none);
+      block<Bits, G, Off, H, 1>(xc, xsum, n, m, j, yc, none);
     }
   }
 }
