@@ -11,7 +11,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixserve.engine import Engine
 from radixserve.server import routes_native, routes_openai, routes_responses
@@ -63,12 +65,7 @@ def create_app(
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    @app.middleware("http")
-    async def bound_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return error_response(413, f"request body over {MAX_BODY_BYTES} bytes")
-        return await call_next(request)
+    app.add_middleware(BoundBody)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -88,6 +85,23 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError):
         return error_response(400, str(exc))
+
+
+class BoundBody:
+    """Refuses a body whose declared length passes ``MAX_BODY_BYTES`` before it is read. A
+    plain ASGI middleware: starlette's ``BaseHTTPMiddleware`` relays every chunk of a
+    streamed response through a memory stream and a task of its own."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            length = Headers(scope=scope).get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+                too_large = error_response(413, f"request body over {MAX_BODY_BYTES} bytes")
+                return await too_large(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def _names_a_field(part: str | int) -> bool:
