@@ -120,11 +120,15 @@ class Scheduler:
         groups = prefix_groups(work, self.group_rule, self.req_cache.cache, self.metrics)
         return ScheduleBatch(work, groups, take_copies(work))
 
-    def _plan(self) -> tuple[list[Work], PrefillBudget]:
+    def _plan(self) -> tuple[list[Work], PrefillBudget | None]:
+        """The step's work, and the prefill budget it was planned under (None: decodes
+        only, which need none, so their steps pay no cost-model fit)."""
         if self.config.mixed_batches:
             decode = self._schedule_decode()
+            if not self._prefills_wait():
+                return decode, None
             budget = self._budget(decode)
-            work = decode + self._schedule_extend(budget) if self._prefills_wait() else decode
+            work = decode + self._schedule_extend(budget)
         else:
             budget = self._budget([])
             work = self._schedule_extend(budget) or self._schedule_decode()

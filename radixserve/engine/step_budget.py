@@ -52,21 +52,30 @@ class StepCostModel:
     def __init__(self) -> None:
         self._prefill: deque[tuple[np.ndarray, float]] = deque(maxlen=PREFILL_WINDOW)
         self._decode: deque[tuple[np.ndarray, float]] = deque(maxlen=DECODE_WINDOW)
-        self.coef: np.ndarray | None = None  # seconds per unit of each feature
+        self._coef: np.ndarray | None = None
+        self._stale = False  # steps seen since the last fit
 
     @property
     def fitted(self) -> bool:
-        return self.coef is not None
+        return len(self._prefill) >= MIN_PREFILL_SAMPLES
+
+    @property
+    def coef(self) -> np.ndarray | None:
+        """Seconds per unit of each feature, refitted when read after new steps (a stretch
+        of decode-only steps, which size no prefill, pays no fit)."""
+        if self._stale and self.fitted:
+            self._coef, self._stale = self._fit(), False
+        return self._coef
 
     def observe(self, features: np.ndarray, seconds: float) -> None:
         (self._prefill if features[1] else self._decode).append((features, seconds))
-        if len(self._prefill) >= MIN_PREFILL_SAMPLES:
-            self.coef = self._fit()
+        self._stale = True
 
     def predict(self, features: np.ndarray) -> float:
-        if self.coef is None:
+        coef = self.coef
+        if coef is None:
             raise RuntimeError("the step cost model has seen too few steps to predict")
-        return float(features @ self.coef)
+        return float(features @ coef)
 
     def _fit(self) -> np.ndarray:
         samples = list(self._prefill) + list(self._decode)
@@ -87,8 +96,9 @@ class StepCostModel:
         """The longest chunk after ``prefix`` cached tokens predicted to take ``seconds``."""
         if seconds <= 0:
             return 0
-        b = self.coef[1] + self.coef[4] * (prefix + 0.5)  # per token, plus n^2/2 per pair
-        e = self.coef[4] / 2
+        coef = self.coef
+        b = coef[1] + coef[4] * (prefix + 0.5)  # per token, plus n^2/2 per pair
+        e = coef[4] / 2
         if e <= 0:
             return math.inf if b <= 0 else int(seconds / b)
         return int((-b + math.sqrt(b * b + 4 * e * seconds)) / (2 * e))
