@@ -5,10 +5,10 @@ two to a byte) with a scale and offset per group of a row, float16 where every o
 is a float16 (GGUF's Q4_0/Q4_1/Q8_0 store theirs so), else float32. Few rows (a decode step)
 multiply straight from the codes, 4-bit ones with activations rounded to int8 per group of
 32 up to ``CpuProfile.quant_int8_rows`` (``csrc/quant_int8.cpp``: llama.cpp's trade; off by
-default, not yet faster than the float path); more
-rows (a prefill) dequantize the weight to float32 and take torch's GEMM, whose cost there
-is the multiply-adds, not the weight's bytes. Where
-the native kernels are not built, the same products run in torch on the dequantized weight,
+default: it costs accuracy). More rows (a prefill) dequantize the weight to float32 and take
+the float GEMM the profile picks for float32 weights (oneDNN's where torch's BLAS is the
+slower), whose cost there is the multiply-adds, not the weight's bytes. Where the native
+kernels are not built, the same products run in torch on the dequantized weight,
 which is also every path's reference twin.
 """
 
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.cpu import onednn
 from radixserve.cpu.native import load_native
 from radixserve.cpu.profile import CpuProfile
 
@@ -160,7 +161,13 @@ def quant_linear(
         if bias is not None:
             out.add_(bias)
     else:
-        out = F.linear(x.float(), weight.dequantize(native=native), bias)
+        values = weight.dequantize(native=native)
+        can_onednn = native and x.dim() == 2 and onednn.supports(torch.float32)
+        onednn_rows = profile.float32.onednn_rows if can_onednn else None
+        if onednn_rows is not None and len(x) >= onednn_rows:
+            out = onednn.linear(x.float(), values, bias)
+        else:
+            out = F.linear(x.float(), values, bias)
     return out.to(x.dtype)
 
 

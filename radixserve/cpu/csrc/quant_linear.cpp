@@ -5,7 +5,9 @@
 // the next block of codes and scales prefetched a line at a time over the current block's
 // arithmetic. A weight vector is dequantized in registers (codes widened to int32, the zero
 // subtracted, converted, times the group's scale plus its offset) once and used for every
-// input row of the tile.
+// input row of the tile. One or two rows take tile_scaled instead: with no dequantized
+// weight to share, each code is converted and multiplied into its group's dot product, and
+// the scale, offset and zero come in once per group.
 #include "quant_linear.h"
 
 #include "quant_int8.h"
