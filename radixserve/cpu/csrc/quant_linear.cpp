@@ -73,18 +73,22 @@ struct Rows {
       : w(m), code_bytes(m.in * m.bits / 8), groups(m.in / m.group) {}
 };
 
-// Values s * kLanes .. s * kLanes + kLanes - 1 of a group (codes `g`), dequantized.
+// Codes s * kLanes .. s * kLanes + kLanes - 1 of a group (codes `g`) as int32 lanes.
 template <int Bits, int G>
-inline Vec values(const uint8_t* g, int s, float scale, float offset, int zero) {
-  IVec c;
+inline IVec codes_at(const uint8_t* g, int s) {
   if constexpr (Bits == 8) {
-    c = widen<true>(g + s * kLanes);
+    return widen<true>(g + s * kLanes);
   } else {
     constexpr int half = G / 2 / kLanes;  // vectors per nibble half of a group
     const IVec b = widen<false>(g + (s % half) * kLanes);
-    c = s < half ? (b & 15) : (b >> 4);
+    return s < half ? (b & 15) : (b >> 4);
   }
-  return __builtin_convertvector(c - zero, Vec) * scale + offset;
+}
+
+// The same values, dequantized.
+template <int Bits, int G>
+inline Vec values(const uint8_t* g, int s, float scale, float offset, int zero) {
+  return __builtin_convertvector(codes_at<Bits, G>(g, s) - zero, Vec) * scale + offset;
 }
 
 // A group's scale and the base its values start from: value = code * scale + base.
@@ -141,18 +145,6 @@ inline Vec group_vec(const void* p, int64_t i) {
   }
 }
 
-// A group's codes s * kLanes .. as floats, neither shifted by the zero nor scaled.
-template <int Bits, int G>
-inline Vec codes_vec(const uint8_t* g, int s) {
-  if constexpr (Bits == 8) {
-    return __builtin_convertvector(widen<true>(g + s * kLanes), Vec);
-  } else {
-    constexpr int half = G / 2 / kLanes;
-    const IVec b = widen<false>(g + (s % half) * kLanes);
-    return __builtin_convertvector(s < half ? (b & 15) : (b >> 4), Vec);
-  }
-}
-
 constexpr int64_t kMaxGroups = 1024;
 
 // The tile for few input rows, scaling after the sums: with base = offset - zero * scale,
@@ -192,7 +184,8 @@ void tile_scaled(const float* x, const float* xsum, const Rows& m, int64_t j, fl
     for (int s = 0; s < S; ++s) {
       const int64_t k = g * G + s * kLanes;
       for (int b = 0; b < B; ++b) {
-        const Vec c = codes_vec<Bits, G>(w.codes + (j + b) * m.code_bytes + g * (G * Bits / 8), s);
+        const uint8_t* codes = w.codes + (j + b) * m.code_bytes + g * (G * Bits / 8);
+        const Vec c = __builtin_convertvector(codes_at<Bits, G>(codes, s), Vec);  // unscaled
         for (int r = 0; r < R; ++r) dot[b][r] += c * load_vec<Vec>(x + r * w.in + k);
       }
     }
