@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 
 from radixserve.cache import create_prefix_cache
-from radixserve.cpu import CpuProfile
 from radixserve.cpu.native import load_native
 from radixserve.engine import compute_thread
 from radixserve.engine.chat_format import ChatTemplating
@@ -28,9 +27,10 @@ from radixserve.engine.drafts import Drafter
 from radixserve.engine.grammar import GrammarCompiler
 from radixserve.engine.inbox import Inbox
 from radixserve.engine.intake import RequestFactory
-from radixserve.engine.metrics import EngineMetrics, routing_snapshot
+from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import Listener, request_output, stream_outputs
+from radixserve.engine.reports import EngineReports
 from radixserve.engine.req import Req
 from radixserve.engine.req_cache import ReqCacheManager
 from radixserve.engine.sampler import Sampler
@@ -47,7 +47,7 @@ from radixserve.memory.host_malloc import keep_freed_memory
 logger = logging.getLogger(__name__)
 
 
-class Engine(ChatTemplating):
+class Engine(ChatTemplating, EngineReports):
     def __init__(self, model: str = "tiny", **options) -> None:
         self.config = EngineConfig(model=model, **options)
         if self.config.tune_malloc:  # before the threads below allocate (host_malloc.py)
@@ -189,53 +189,6 @@ class Engine(ChatTemplating):
                 self._finish(req)
 
         self._inbox.post(command)
-
-    def flush_cache(self) -> bool:
-        """Drop everything cached; refused (False) while requests are running."""
-
-        def flush() -> bool:
-            if self.scheduler.has_work:
-                return False
-            self.cache.reset()
-            self.metrics.lookup_s.clear()
-            return True
-
-        return self._inbox.call(flush)
-
-    @property
-    def cpu_profile(self) -> CpuProfile | None:
-        """The CPU paths this engine's model runs on (None on a GPU)."""
-        return self.runner.cpu_profile
-
-    @property
-    def weights(self) -> dict:
-        """The model's weights as served (float dtype, bytes, tensors kept quantized by
-        format) and as the file stored them (tensors by format)."""
-        return self.runner.loaded.weights()
-
-    def cache_stats(self) -> dict:
-        """Prefix-cache and serving metrics, read on the scheduler thread."""
-
-        def stats() -> dict:
-            out = self.metrics.snapshot(self.cache, self.scheduler)
-            if self.tier is not None:
-                out |= self.tier.snapshot()
-            return out
-
-        return self._inbox.call(stats)
-
-    def routing_stats(self, max_keys: int = 8192) -> dict:
-        """What a router across replicas weighs: a digest of the tree (``cache.digest``; no
-        keys without a radix cache) and the work queued, in tokens and requests."""
-
-        fingerprint = self.config.routing_fingerprint
-        return self._inbox.call(
-            lambda: routing_snapshot(self.cache, self.scheduler, fingerprint, max_keys)
-        )
-
-    def check_invariants(self) -> None:
-        """Audit the cache and slot accounting (from any thread; waits for the loop)."""
-        self._inbox.call(lambda: self.cache.check_invariants(self.scheduler.slots_held))
 
     def shutdown(self) -> None:
         """Abort what is in flight and stop the scheduler thread; safe to call twice."""
