@@ -9,16 +9,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import time
 from dataclasses import dataclass
 
 import httpx
 
 from radixserve.bench import report
-from radixserve.bench.http_load import ChatLoad, drive, summarize
+from radixserve.bench.http_load import ChatLoad, drive, free_port, median_row, summarize
 from radixserve.bench.report import Column, Step, TableSpec, num, pct, times
-from radixserve.bench.serve_bench import median_row
 
 ROUTERS = ("prefix", "round-robin", "power-of-two")
 
@@ -93,9 +91,7 @@ def run_cluster_bench(cfg: ClusterBenchConfig, step: Step) -> dict:
     ray.init(
         num_cpus=os.cpu_count(), include_dashboard=False, namespace=NAMESPACE, log_to_driver=False
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"

@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from statistics import median
 
 import httpx
 import numpy as np
@@ -172,15 +173,33 @@ def summarize(records: list[RequestRecord], seconds: float) -> dict:
     }
 
 
+def median_row(label: str, runs: list[dict]) -> dict:
+    """Each figure's median over ``runs``; errors summed; any round's failure is the row's."""
+    row = {"config": label, "rounds": len(runs), "errors": sum(r["errors"] for r in runs)}
+    for key, value in runs[0].items():
+        if key == "errors":
+            continue
+        if isinstance(value, int | float):
+            row[key] = median(r[key] for r in runs)
+        else:
+            row[key] = next((r[key] for r in runs if r[key] != value), value)
+    return row
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class ServerProcess:
     """``radixserve serve ARGS`` in a child process on a free loopback port (its own
     interpreter, signals and exit code), once ``/health`` answers; ``stop`` sends SIGTERM.
     Output goes to a file so a chatty server never blocks on a pipe."""
 
     def __init__(self, args: Sequence[str], startup_timeout_s: float = 180.0) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         fd, self.log_path = tempfile.mkstemp(prefix="radixserve-", suffix=".log")
         cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", str(self.port), *args]

@@ -18,12 +18,11 @@ import argparse
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from statistics import median
 
 import httpx
 
 from radixserve.bench import report
-from radixserve.bench.http_load import ChatLoad, ServerProcess, drive, summarize
+from radixserve.bench.http_load import ChatLoad, ServerProcess, drive, median_row, summarize
 from radixserve.bench.report import Column, TableSpec, num, pct, times
 from radixserve.bench.workloads import optimal_hit_rate
 
@@ -103,19 +102,6 @@ def run_one(cfg: ServeBenchConfig, label: str, on_done: Callable[[], None]) -> d
             "invariants": "ok" if audit["ok"] else audit["error"],
             "shutdown": "graceful" if server.stop() else "FAILED",
         }
-
-
-def median_row(label: str, runs: list[dict]) -> dict:
-    """Each figure's median over ``runs``; errors summed; any round's failure is the row's."""
-    row = {"config": label, "rounds": len(runs), "errors": sum(r["errors"] for r in runs)}
-    for key, value in runs[0].items():
-        if key == "errors":
-            continue
-        if isinstance(value, int | float):
-            row[key] = median(r[key] for r in runs)
-        else:
-            row[key] = next((r[key] for r in runs if r[key] != value), value)
-    return row
 
 
 def run_serve_bench(cfg: ServeBenchConfig, on_done: Callable[[], None]) -> dict:

@@ -89,23 +89,13 @@ def run_engine(engine: Engine, workload: Workload, label: str, warm: bool = Fals
     seconds = time.perf_counter() - start
     after = engine.cache_stats()
     engine.check_invariants()
-    prompt = sum(m["prompt_tokens"] for m in metas)
-    cached = sum(m["cached_tokens"] for m in metas)
     ttft = [m["ttft_s"] for m in metas]
     decode_s = after["decode_s"] - before["decode_s"]
     decode_tokens = after["decode_tokens"] - before["decode_tokens"]
-    return {
-        "workload": workload.name,
-        "config": label,
-        "requests": len(metas),
-        "seconds": seconds,
-        "req_s": len(metas) / seconds,
-        "tok_s": (prompt + sum(m["completion_tokens"] for m in metas)) / seconds,
+    return workload.row(label, seconds, sum(m["cached_tokens"] for m in metas)) | {
         "decode_tok_s": decode_tokens / decode_s if decode_s else float("nan"),
         "ttft_p50_s": float(np.percentile(ttft, 50)),
         "ttft_p99_s": float(np.percentile(ttft, 99)),
-        "hit_rate": cached / prompt,
-        "prefill_tokens": prompt - cached,
         "lookup_p50_us": after["lookup_p50_us"],
     }
 

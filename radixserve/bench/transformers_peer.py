@@ -83,15 +83,4 @@ def run_transformers(hf, workload: Workload, batch: int) -> dict:
                 do_sample=False,
                 pad_token_id=0,
             )
-    seconds = time.perf_counter() - start
-    n, prompt = len(workload.requests), workload.prompt_tokens
-    return {
-        "workload": workload.name,
-        "config": "transformers",
-        "requests": n,
-        "seconds": seconds,
-        "req_s": n / seconds,
-        "tok_s": (prompt + sum(r.max_tokens for r in workload.requests)) / seconds,
-        "hit_rate": 0.0,
-        "prefill_tokens": prompt,
-    }
+    return workload.row("transformers", time.perf_counter() - start, 0)

@@ -99,18 +99,7 @@ class VllmPeer:
             pass  # it has gone: _reply says why
         result = self._reply()
         os.killpg(self._proc.pid, signal.SIGSTOP)
-        prompt = workload.prompt_tokens
-        outputs = sum(r.max_tokens for r in workload.requests)
-        return {
-            "workload": workload.name,
-            "config": "vllm",
-            "requests": len(workload.requests),
-            "seconds": result["seconds"],
-            "req_s": len(workload.requests) / result["seconds"],
-            "tok_s": (prompt + outputs) / result["seconds"],
-            "hit_rate": result["cached_tokens"] / prompt,
-            "prefill_tokens": prompt - result["cached_tokens"],
-        }
+        return workload.row("vllm", result["seconds"], result["cached_tokens"])
 
     def _reply(self) -> dict:
         """Its next line, or its log once it has exited without one (a worker that

@@ -42,6 +42,21 @@ class Workload:
     def optimal_hit_rate(self, page_size: int = 1) -> float:
         return optimal_hit_rate(((r.prompt, None) for r in self.requests), page_size)
 
+    def row(self, config: str, seconds: float, cached_tokens: int) -> dict:
+        """What every configuration reports of a pass over the workload (each request's
+        ``max_tokens`` generated), whatever ran it."""
+        n, prompt = len(self.requests), self.prompt_tokens
+        return {
+            "workload": self.name,
+            "config": config,
+            "requests": n,
+            "seconds": seconds,
+            "req_s": n / seconds,
+            "tok_s": (prompt + sum(r.max_tokens for r in self.requests)) / seconds,
+            "hit_rate": cached_tokens / prompt,
+            "prefill_tokens": prompt - cached_tokens,
+        }
+
 
 def optimal_hit_rate(
     calls: Iterable[tuple[Sequence[int], Sequence[int] | None]], page_size: int = 1
