@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
 # name: (module, help)
@@ -268,8 +269,25 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
+# libgomp reads these once, when torch loads it (the commands import torch after main starts).
+# Between parallel regions an OpenMP team's workers spin before they sleep, but while the
+# process holds more OpenMP threads than cores (a second thread that ran one parallel torch
+# op holds a team of its own) libgomp cuts that spin to 100 turns, and each of a decode
+# step's regions then waits for its worker to be woken by the kernel. Active waiting makes
+# the cut spin 1,000 turns; GOMP_SPINCOUNT keeps the usual spin at libgomp's default (active
+# alone would spin without end).
+OPENMP_ENV = {"OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": "300000"}
+
+
+def openmp_defaults(env: MutableMapping[str, str]) -> None:
+    """``OPENMP_ENV`` into ``env`` unless the user set either variable."""
+    if not any(name in env for name in OPENMP_ENV):
+        env.update(OPENMP_ENV)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    openmp_defaults(os.environ)
     args = build_parser(argv).parse_args(argv)
     try:
         return args.func(args)
