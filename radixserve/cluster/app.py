@@ -4,12 +4,14 @@ routed by a ``router.py`` router that reads the replicas' routing stats every se
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from radixserve.cli import OPENMP_ENV, openmp_defaults
 from radixserve.cluster.client import ClusterEngine
 from radixserve.cluster.directory import Directory
 from radixserve.cluster.replica import EngineReplica
@@ -114,6 +116,11 @@ def build_app(spec: ClusterSpec):
         request_routing_stats_timeout_s=10 * STATS_PERIOD_S,
     )
     threads = max(1, int(spec.cpus_per_replica))
+    # a replica's process loads libgomp with the driver's OpenMP waiting (cli.OPENMP_ENV)
+    env = {"OMP_NUM_THREADS": str(threads)} | {
+        k: v for k, v in os.environ.items() if k in OPENMP_ENV
+    }
+    openmp_defaults(env)
     engine = serve.deployment(
         EngineReplica,
         name="engine",
@@ -121,7 +128,7 @@ def build_app(spec: ClusterSpec):
         max_ongoing_requests=1024,  # the engine batches; Serve need not queue for it
         ray_actor_options={
             "num_cpus": spec.cpus_per_replica,
-            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+            "runtime_env": {"env_vars": env},
         },
         request_router_config=router,
         health_check_period_s=2.0,
