@@ -12,6 +12,8 @@ step, as they would for the CPU anyway.
 from __future__ import annotations
 
 import atexit
+import ctypes
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -36,6 +38,31 @@ def call(fn: Callable[[], T]) -> T:
     done: Future = Future()
     jobs.put((fn, done))
     return done.result()
+
+
+def release_caller_team() -> None:
+    """Free the calling thread's OpenMP team, if it has one, while it waits on the compute
+    thread. A program's own parallel torch op (on its main thread, say) leaves that thread a
+    team for good, and then the compute thread's team is throttled as above; freed, the
+    team's workers exit, and the thread's next parallel op starts a new one. libgomp only
+    (torch's build on Linux); elsewhere nothing happens."""
+    if threading.current_thread() is _thread:
+        return
+    if (gomp := _libgomp()) is not None:
+        gomp.omp_pause_resource_all(1)  # omp_pause_soft; refused inside a parallel region
+
+
+@functools.cache
+def _libgomp() -> ctypes.CDLL | None:
+    """The libgomp that torch loaded (an engine's callers have torch loaded), if it can pause
+    (OpenMP 5.0)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            path = next((line.split()[-1] for line in maps if "/libgomp" in line), None)
+        lib = None if path is None else ctypes.CDLL(path)
+    except OSError:
+        return None
+    return lib if lib is not None and hasattr(lib, "omp_pause_resource_all") else None
 
 
 def _start() -> queue.SimpleQueue | None:

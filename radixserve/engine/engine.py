@@ -225,6 +225,7 @@ class Engine(ChatTemplating, EngineReports):
             self.scheduler.add(req)
 
         self._inbox.post(command)
+        compute_thread.release_caller_team()
         return future
 
     # ---- the loop ------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """Every engine's model work runs on one thread per process (one OpenMP team)."""
 
+import os
 import threading
+import time
 
 import pytest
+import torch
 
 from radixserve import Engine, SamplingParams
 from radixserve.engine import compute_thread, model_runner
@@ -42,3 +45,37 @@ def test_two_engines_run_their_forwards_on_the_same_thread(monkeypatch):
         b.generate(input_ids=[[8, 9]], sampling_params=params)
         assert a._thread is not b._thread  # each still schedules on its own thread
     assert len(idents) == 1
+
+
+def _threads() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
+def test_a_callers_own_openmp_team_is_freed_when_it_submits():
+    """A caller that ran a parallel torch op holds an OpenMP team (its workers are threads of
+    the process); submitting work frees it, so the compute thread's team is the only one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with Engine("tiny") as engine:
+            params = SamplingParams(max_new_tokens=2, ignore_eos=True)
+            engine.generate(input_ids=[1, 2, 3], sampling_params=params)  # threads started
+            seen: dict[str, set[str]] = {}
+
+            def caller() -> None:
+                before = _threads()
+                torch.zeros(10_000_000).add_(1)  # a parallel region: this thread's team
+                seen["workers"] = _threads() - before
+                engine.generate(input_ids=[4, 5, 6], sampling_params=params)
+                deadline = time.monotonic() + 5
+                while seen["workers"] & _threads() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                seen["left"] = seen["workers"] & _threads()
+
+            t = threading.Thread(target=caller)
+            t.start()
+            t.join()
+    finally:
+        torch.set_num_threads(threads)
+    assert seen["workers"], "the parallel op started no OpenMP workers"
+    assert not seen["left"]
