@@ -128,6 +128,7 @@ class Engine(ChatTemplating, EngineReports):
         """Run one prompt (a dict back) or a list of them (a list back) to completion."""
         reqs, single = self.requests.make(prompt, sampling_params, input_ids, namespace)
         self.grammars.bind(reqs)
+        compute_thread.release_caller_team()
         outs = [f.result() for f in [self._submit(r) for r in reqs]]
         return outs[0] if single and len(outs) == 1 else outs
 
@@ -146,6 +147,7 @@ class Engine(ChatTemplating, EngineReports):
         keep requests together; one engine serves them all anyway."""
         reqs, single = self.requests.make(prompt, sampling_params, input_ids, namespace, rid)
         await self.grammars.bind_async(reqs)
+        compute_thread.release_caller_team()
         futures = [asyncio.wrap_future(self._submit(r)) for r in reqs]
         try:
             outs = await asyncio.gather(*futures)
@@ -172,6 +174,7 @@ class Engine(ChatTemplating, EngineReports):
         not compile, at the first chunk: ``check_grammar`` first to know before); closing the
         iterator early aborts what is unfinished."""
         reqs, _ = self.requests.make(prompt, sampling_params, input_ids, namespace, rid)
+        compute_thread.release_caller_team()
         prepare = functools.partial(self.grammars.bind_async, reqs)
         return stream_outputs(reqs, self._submit, self.abort, lambda: self._inbox.closed, prepare)
 
@@ -225,7 +228,6 @@ class Engine(ChatTemplating, EngineReports):
             self.scheduler.add(req)
 
         self._inbox.post(command)
-        compute_thread.release_caller_team()
         return future
 
     # ---- the loop ------------------------------------------------------------------------
