@@ -33,6 +33,8 @@ def record_logprobs(batch: ScheduleBatch, out: ForwardOutput, tokens: list[int])
                 logp = torch.log_softmax(out.all[rows].float(), dim=-1)
                 values = logp.gather(1, ids[:, None])[:, 0].tolist()
                 req.input_logprobs.update(zip(picked, values, strict=True))
+                if req.params.top_logprobs_num:
+                    req.input_top_logprobs.update(zip(picked, _top(logp, req), strict=True))
         offset += n
 
 
@@ -41,7 +43,11 @@ def append_logprobs(req: Req, logp: torch.Tensor, token: int) -> None:
     log-softmaxed distribution ``logp`` it was drawn from."""
     req.output_logprobs.append((float(logp[token]), token))
     if req.params.top_logprobs_num:
-        top = logp.topk(req.params.top_logprobs_num)
-        req.output_top_logprobs.append(
-            list(zip(top.values.tolist(), top.indices.tolist(), strict=True))
-        )
+        req.output_top_logprobs.append(_top(logp[None], req)[0])
+
+
+def _top(logp: torch.Tensor, req: Req) -> list[list[tuple[float, int]]]:
+    """The request's top alternatives, ``(logprob, token id)`` best first, of each row."""
+    top = logp.topk(req.params.top_logprobs_num, dim=-1)
+    values, indices = top.values.tolist(), top.indices.tolist()
+    return [list(zip(v, i, strict=True)) for v, i in zip(values, indices, strict=True)]

@@ -26,17 +26,33 @@ def request_output(req: Req) -> dict:
         "ttft_s": (req.first_token_s or end) - req.arrival_s,
         "latency_s": end - req.arrival_s,
     }
-    p = req.params
+    meta |= output_logprobs(req, 0, len(req.output_ids)) | prompt_logprobs(req)
+    return {"rid": req.rid, "text": req.text, "token_ids": list(req.output_ids), "meta_info": meta}
+
+
+def output_logprobs(req: Req, start: int, end: int) -> dict:
+    """The logprobs of output tokens ``start:end`` (and their top alternatives), when the
+    request asked for them. They are recorded before their tokens join ``output_ids``, so
+    a reader on another thread finds them for every token it has seen."""
+    p, out = req.params, {}
     if p.return_logprob:
-        meta["output_token_logprobs"] = list(req.output_logprobs)
+        out["output_token_logprobs"] = req.output_logprobs[start:end]
         if p.top_logprobs_num:
-            meta["output_top_logprobs"] = list(req.output_top_logprobs)
+            out["output_top_logprobs"] = req.output_top_logprobs[start:end]
+    return out
+
+
+def prompt_logprobs(req: Req) -> dict:
+    """The prompt's logprobs from ``logprob_start_len`` on, when the request asked for them
+    (the first token has no context, so no logprob and no alternatives: ``None``)."""
+    p, out = req.params, {}
     if p.prompt_logprobs:
         ids = req.input_ids.tolist()
-        meta["input_token_logprobs"] = [
-            (req.input_logprobs.get(i), ids[i]) for i in range(p.logprob_start_len, len(ids))
-        ]
-    return {"rid": req.rid, "text": req.text, "token_ids": list(req.output_ids), "meta_info": meta}
+        positions = range(p.logprob_start_len, len(ids))
+        out["input_token_logprobs"] = [(req.input_logprobs.get(i), ids[i]) for i in positions]
+        if p.top_logprobs_num:
+            out["input_top_logprobs"] = [req.input_top_logprobs.get(i) for i in positions]
+    return out
 
 
 class StreamCursor:
@@ -45,7 +61,7 @@ class StreamCursor:
 
     def __init__(self, req: Req, index: int) -> None:
         self.req, self.index = req, index
-        self.tokens, self.text = 0, ""
+        self.tokens, self.text, self.first = 0, "", True
 
     def chunk(self, done: bool) -> dict | None:
         """The next chunk: new token ids and the text they settled (a tail that could still
@@ -62,6 +78,10 @@ class StreamCursor:
             "token_ids": ids,
             "finished": done,
         }
+        chunk |= output_logprobs(req, self.tokens, self.tokens + len(ids))
+        if self.first:  # the prompt's logprobs, when asked, come with the first chunk
+            chunk |= prompt_logprobs(req)
+            self.first = False
         self.tokens += len(ids)
         self.text = text
         if done:

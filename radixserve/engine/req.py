@@ -50,6 +50,7 @@ class Req:
     output_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs: dict[int, float] = field(default_factory=dict)
+    input_top_logprobs: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
     # a read of its pages from the disk tier (ReqCacheManager.ready), or "done"
     tier_read: object = None
     # structured output: an xgrammar matcher that has accepted exactly output_ids

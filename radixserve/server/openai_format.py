@@ -34,29 +34,48 @@ def _token(tok, token_id: int) -> str:
     return tok.decode([token_id])
 
 
-def completion_choice(index: int, out: dict, tok, top: int | None, echo: str | None) -> dict:
-    """``top``: logprobs asked for (``None``: none); ``echo``: the prompt's text, which the
-    choice then opens with (and, with logprobs, the prompt's tokens too, the first one
-    without a logprob as it has no context)."""
+def completion_logprobs(tok, got: dict) -> dict:
+    """The legacy ``logprobs`` object of the tokens in ``got`` (a request's ``meta_info`` or
+    a stream chunk): the prompt's first when they are there (an echo; the first prompt
+    token has no context, so no logprob), then the generated ones."""
+    pairs = got.get("input_token_logprobs", []) + got.get("output_token_logprobs", [])
+    prompt_tops = [alts or [] for alts in got.get("input_top_logprobs", [])]
+    tops = prompt_tops + got.get("output_top_logprobs", [])
+    return {
+        "tokens": [_token(tok, t) for _, t in pairs],
+        "token_logprobs": [lp for lp, _ in pairs],
+        "top_logprobs": [{_token(tok, t): lp for lp, t in alts} or None for alts in tops] or None,
+    }
+
+
+def chat_logprobs(tok, got: dict) -> dict:
+    """The chat ``logprobs`` object of the generated tokens in ``got`` (a request's
+    ``meta_info`` or a stream chunk)."""
+    pairs = got.get("output_token_logprobs", [])
+    tops = got.get("output_top_logprobs") or [[]] * len(pairs)
+    return {
+        "content": [
+            {
+                "token": _token(tok, t),
+                "logprob": lp,
+                "bytes": None,
+                "top_logprobs": [
+                    {"token": _token(tok, a), "logprob": alp, "bytes": None} for alp, a in alts
+                ],
+            }
+            for (lp, t), alts in zip(pairs, tops, strict=True)
+        ]
+    }
+
+
+def completion_choice(index: int, out: dict, tok, logprobs: bool, echo: str | None) -> dict:
+    """``echo``: the prompt's text, which the choice then opens with (its tokens' logprobs
+    come with the output's when the engine was asked for them)."""
     meta = out["meta_info"]
-    logprobs = None
-    if top is not None:
-        pairs = list(meta.get("output_token_logprobs", []))
-        tops = list(meta.get("output_top_logprobs", []))
-        if echo is not None:
-            prompt = meta["input_token_logprobs"]
-            pairs = prompt + pairs
-            tops = [[] for _ in prompt] + tops if tops else tops
-        logprobs = {
-            "tokens": [_token(tok, t) for _, t in pairs],
-            "token_logprobs": [lp for lp, _ in pairs],
-            "top_logprobs": [{_token(tok, t): lp for lp, t in alts} or None for alts in tops]
-            or None,
-        }
     return {
         "index": index,
         "text": out["text"] if echo is None else echo + out["text"],
-        "logprobs": logprobs,
+        "logprobs": completion_logprobs(tok, meta) if logprobs else None,
         "finish_reason": finish_reason(meta),
     }
 
@@ -64,22 +83,7 @@ def completion_choice(index: int, out: dict, tok, top: int | None, echo: str | N
 def chat_choice(index: int, out: dict, tok, with_logprobs: bool, output: ChatOutput) -> dict:
     """``output``: how the text becomes the message (reasoning, tool calls, content)."""
     meta = out["meta_info"]
-    logprobs = None
-    if with_logprobs:
-        tops = meta.get("output_top_logprobs") or [[]] * len(meta["output_token_logprobs"])
-        logprobs = {
-            "content": [
-                {
-                    "token": _token(tok, t),
-                    "logprob": lp,
-                    "bytes": None,
-                    "top_logprobs": [
-                        {"token": _token(tok, a), "logprob": alp, "bytes": None} for alp, a in alts
-                    ],
-                }
-                for (lp, t), alts in zip(meta["output_token_logprobs"], tops, strict=True)
-            ]
-        }
+    logprobs = chat_logprobs(tok, meta) if with_logprobs else None
     message, called = output.message(out["text"])
     return {
         "index": index,
@@ -95,22 +99,23 @@ def chat_finish_reason(meta: dict, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-def completion_chunk(head: dict, index: int, chunk: dict) -> dict:
+def completion_chunk(head: dict, index: int, chunk: dict, logprobs: dict | None) -> dict:
     reason = finish_reason(chunk["meta_info"]) if chunk["finished"] else None
     choice: dict[str, Any] = {
         "index": index,
         "text": chunk["text"],
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": reason,
     }
     return {**head, "choices": [choice]}
 
 
-def chat_chunk(head: dict, index: int, delta: dict, first: bool, reason: str | None) -> dict:
-    """``delta``: content, reasoning and tool-call deltas (``ChatDeltas.step``)."""
+def chat_chunk(
+    head: dict, index: int, delta: dict, first: bool, reason: str | None, logprobs: dict | None
+) -> dict:
+    """``delta``: content, reasoning and tool-call deltas (``ChatDeltas.step``); ``logprobs``:
+    those of the chunk's tokens."""
     if first:
         delta["role"] = "assistant"
-    return {
-        **head,
-        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}],
-    }
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+    return {**head, "choices": [choice]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import partial
 
 from fastapi import APIRouter, Depends, Request
 
@@ -11,7 +12,13 @@ from radixserve.engine import Engine, SamplingParams
 from radixserve.server.auth import namespace, tenant
 from radixserve.server.chat_output import ChatOutput
 from radixserve.server.errors import KEY_ERRORS, STREAMING, ApiError
-from radixserve.server.openai_format import chat_choice, completion_choice, usage
+from radixserve.server.openai_format import (
+    chat_choice,
+    chat_logprobs,
+    completion_choice,
+    completion_logprobs,
+    usage,
+)
 from radixserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from radixserve.server.streaming import openai_events, sse
 
@@ -86,12 +93,17 @@ async def completions(
         )
         include = bool(body.stream_options and body.stream_options.include_usage)
         on_finish = request.app.state.on_finish
-        return sse(openai_events(chunks, head, body.n, include, on_finish, False, echoed()))
+        render = partial(completion_logprobs, engine.tokenizer) if logprobs else None
+        events = openai_events(
+            chunks, head, body.n, include, on_finish, False, echoed(), logprobs=render
+        )
+        return sse(events)
     outs = await _run(request, source, params, ns, body.prompt_cache_key)
     echo = echoed()
-    top = body.logprobs if logprobs else None
     choices = [
-        completion_choice(i, o, engine.tokenizer, top, None if echo is None else echo[i // body.n])
+        completion_choice(
+            i, o, engine.tokenizer, logprobs, None if echo is None else echo[i // body.n]
+        )
         for i, o in enumerate(outs)
     ]
     return {**head, "choices": choices, "usage": usage(outs, body.n)}
@@ -122,7 +134,11 @@ async def chat(
         )
         include = bool(body.stream_options and body.stream_options.include_usage)
         on_finish = request.app.state.on_finish
-        return sse(openai_events(chunks, head, body.n, include, on_finish, True, output=output))
+        render = partial(chat_logprobs, engine.tokenizer) if body.logprobs else None
+        events = openai_events(
+            chunks, head, body.n, include, on_finish, True, output=output, logprobs=render
+        )
+        return sse(events)
     outs = await _run(request, {"input_ids": ids}, params, ns, body.prompt_cache_key)
     head = _head(request, "chat.completion", "chatcmpl")
     tok = engine.tokenizer

@@ -43,10 +43,12 @@ async def openai_events(
     chat: bool,
     echo: list[str] | None = None,
     output: ChatOutput | None = None,
+    logprobs: Callable[[dict], dict] | None = None,
 ) -> AsyncIterator[dict]:
     """``head``: the fields every event repeats (id, object, created, model). ``echo``: the
     text each prompt's choices open with (completions with ``echo``); ``output``: how a
-    chat's text is parsed (reasoning, tool calls)."""
+    chat's text is parsed (reasoning, tool calls); ``logprobs``: a chunk's logprobs object,
+    when the client asked for them."""
     metas: dict[int, dict] = {}
     started: set[int] = set()
     parsers: dict[int, ChatDeltas] = {}
@@ -58,11 +60,13 @@ async def openai_events(
             started.add(index)
             if first and echo is not None:
                 chunk = {**chunk, "text": echo[index // n] + chunk["text"]}
+            lp = None if logprobs is None else logprobs(chunk)
             if chat:
                 deltas = parsers.setdefault(index, output.deltas())
-                yield chat_chunk(head, index, deltas.step(chunk), first, deltas.reason(chunk))
+                delta, reason = deltas.step(chunk), deltas.reason(chunk)
+                yield chat_chunk(head, index, delta, first, reason, lp)
             else:
-                yield completion_chunk(head, index, chunk)
+                yield completion_chunk(head, index, chunk, lp)
             if chunk["finished"]:
                 metas[index] = {"rid": chunk["rid"], "meta_info": chunk["meta_info"]}
                 on_finish(metas[index])

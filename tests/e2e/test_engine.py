@@ -355,6 +355,10 @@ def test_logprobs_match_transformers(reference, tmp_path):
     assert [t for _, t in inputs] == prompt[10:]
     for pos, (lp, tok) in enumerate(inputs, start=10):
         assert abs(lp - float(logp[pos - 1, tok])) < 1e-4
+    for pos, top in enumerate(meta["input_top_logprobs"], start=10):
+        best = logp[pos - 1].topk(3)
+        assert [t for _, t in top] == best.indices.tolist()
+        assert max(abs(a - b) for (a, _), b in zip(top, best.values.tolist(), strict=True)) < 1e-4
     for i, (lp, tok) in enumerate(meta["output_token_logprobs"]):
         assert abs(lp - float(logp[len(prompt) + i - 1, tok])) < 1e-4
         top = meta["output_top_logprobs"][i]

@@ -380,6 +380,51 @@ def test_echo_returns_the_prompt_before_the_completion(server):
     assert logprobs[0] is None and all(lp <= 0 for lp in logprobs[1:])
 
 
+def test_echoed_prompt_logprobs_come_with_their_alternatives(server):
+    """What lm-evaluation-harness reads for a loglikelihood: with ``echo`` and ``logprobs``,
+    each prompt token after the first has its logprob and the top alternatives, the most
+    likely one at least as likely as the token."""
+    url, _ = server
+    body = {"prompt": "the tree of life", "max_tokens": 1, "echo": True, "logprobs": 2}
+    choice = httpx.post(url + "/v1/completions", json=body).json()["choices"][0]
+    logprobs, tops = choice["logprobs"]["token_logprobs"], choice["logprobs"]["top_logprobs"]
+    assert len(logprobs) == len(tops) > 2 and logprobs[0] is None and tops[0] is None
+    for lp, top in zip(logprobs[1:], tops[1:], strict=True):
+        assert len(top) == 2 and max(top.values()) >= lp
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_streamed_logprobs_are_the_ones_a_plain_request_gets(server, chat):
+    url, _ = server
+    if chat:
+        route = "/v1/chat/completions"
+        body = {"messages": [{"role": "user", "content": "name a tree"}], "top_logprobs": 2}
+        body |= {"logprobs": True, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    else:
+        route = "/v1/completions"
+        body = {"prompt": "the tree of", "echo": True, "logprobs": 2, "max_tokens": 6}
+        body |= {"temperature": 0, "ignore_eos": True}
+
+    def entries(logprobs):  # (token, logprob, alternatives) of either shape
+        if chat:
+            return [
+                (e["token"], e["logprob"], {a["token"]: a["logprob"] for a in e["top_logprobs"]})
+                for e in logprobs["content"]
+            ]
+        keys = ("tokens", "token_logprobs", "top_logprobs")
+        return list(zip(*(logprobs[k] for k in keys), strict=True))
+
+    plain = httpx.post(url + route, json=body).json()["choices"][0]["logprobs"]
+    events = _sse_events(url, route, {**body, "stream": True})
+    streamed = [
+        e for ev in events for c in ev["choices"] if c["logprobs"] for e in entries(c["logprobs"])
+    ]
+    assert len(streamed) == len(entries(plain)) >= 6
+    for (tok, lp, top), (tok2, lp2, top2) in zip(streamed, entries(plain), strict=True):
+        assert tok == tok2 and (lp == lp2 or abs(lp - lp2) < 1e-4)
+        assert (top is None) == (top2 is None) and (top or {}).keys() == (top2 or {}).keys()
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_echo_of_ids_outside_the_vocabulary_is_a_400(server, stream):
     url, _ = server
