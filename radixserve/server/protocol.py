@@ -8,7 +8,7 @@ those gets a 400 naming it instead of an answer that silently ignores it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass
@@ -88,9 +88,14 @@ class _OpenAIBase(StructuredFields):
             raise ValueError(f"logit_bias keys must be token ids, got {bad[0]!r}")
         return {int(k): v for k, v in self.logit_bias.items()}
 
+    def output_limit(self) -> int | None:
+        """The most tokens the request asks for (None: the route's default)."""
+        return self.max_tokens
+
     def sampling(self, max_tokens: int, **extra: Any) -> SamplingParams:
+        limit = self.output_limit()
         return SamplingParams(
-            max_new_tokens=self.max_tokens if self.max_tokens is not None else max_tokens,
+            max_new_tokens=limit if limit is not None else max_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
@@ -146,10 +151,23 @@ class CompletionRequest(_OpenAIBase):
 
 class ChatCompletionRequest(ToolFields, _OpenAIBase):
     messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     chat_template_kwargs: dict[str, Any] | None = Field(
         default=None, description="passed to the chat template (enable_thinking, say)"
+    )
+    modalities: list[Literal["text"]] | None = Field(
+        default=None, description="text only: audio output is not supported"
+    )
+    audio: Any = Unsupported
+    web_search_options: Any = Unsupported
+
+    _unsupported: ClassVar[tuple[str, ...]] = (
+        "functions",
+        "function_call",
+        "audio",
+        "web_search_options",
     )
 
     @model_validator(mode="after")
@@ -157,6 +175,17 @@ class ChatCompletionRequest(ToolFields, _OpenAIBase):
         if self.forces_calls and self.grammar_fields():
             raise ValueError("tool_choice that forces a call cannot go with structured output")
         return self
+
+    @model_validator(mode="after")
+    def _one_limit(self):
+        both = (self.max_tokens, self.max_completion_tokens)
+        if None not in both and both[0] != both[1]:
+            raise ValueError("max_tokens and max_completion_tokens differ: give one")
+        return self
+
+    def output_limit(self) -> int | None:
+        """``max_completion_tokens``, OpenAI's newer name, or ``max_tokens``."""
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
 
 
 class GenerateRequest(_Body):

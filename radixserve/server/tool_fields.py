@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radixserve.engine.tool_calls import ToolCall, ToolFormat, ToolStream
 
@@ -61,6 +61,16 @@ class ChatMessage(_Body):
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        """A part this server cannot read (an image, audio, a file) is named in the 400."""
+        for part in content if isinstance(content, list) else []:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind is not None and kind != "text":
+                raise ValueError(f"content parts of type {kind!r} are not supported: text only")
+        return content
 
     @model_validator(mode="after")
     def _content_given(self):

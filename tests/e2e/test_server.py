@@ -448,6 +448,14 @@ def test_chat_fields_that_would_change_the_answer_are_refused(server):
         ({"tools": [tool], "tool_choice": "required", "regex": "a+"}, "structured output"),
         ({"tools": [bad_tool], "tool_choice": "required"}, "tools: the JSON schema"),
         ({"messages": [{"role": "user"}]}, "needs content"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "not supported by this server: audio"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"web_search_options": {}}, "not supported by this server: web_search_options"),
+        ({"max_tokens": 3, "max_completion_tokens": 4}, "give one"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "'image_url' are not supported",
+        ),
     ]:
         r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, **extra})
         assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
@@ -455,6 +463,19 @@ def test_chat_fields_that_would_change_the_answer_are_refused(server):
     assert r.status_code == 400 and "not supported by this server: tools" in r.text
     ok = {"messages": messages, "max_tokens": 2, "response_format": {"type": "text"}}
     assert httpx.post(url + "/v1/chat/completions", json=ok).status_code == 200
+
+
+def test_max_completion_tokens_bounds_a_chat_as_max_tokens_does(server):
+    url, _ = server
+    msgs = [{"role": "user", "content": "tell me about trees"}]
+    for limit in (2, 5):
+        out = client(url).chat.completions.create(
+            model="tiny",
+            messages=msgs,
+            max_completion_tokens=limit,
+            extra_body={"ignore_eos": True},
+        )
+        assert out.usage.completion_tokens == limit and out.choices[0].finish_reason == "length"
 
 
 def test_the_openapi_schema_documents_errors_and_constraints(server):
