@@ -60,6 +60,9 @@ class _OpenAIBase(StructuredFields):
         default=None, description="requests with one key go to one replica (--replicas)"
     )
     ignore_eos: bool = False
+    stop_token_ids: list[TokenId] | None = Field(
+        default=None, description="ids that end the output"
+    )
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         default=None, description="token id (as a string) -> bias added to its logit"
     )
@@ -67,17 +70,33 @@ class _OpenAIBase(StructuredFields):
     # the deprecated form of chat's ``tools``)
     functions: list[Any] | None = Unsupported
     function_call: Any = Unsupported
+    # vLLM's and SGLang's extensions that would change the output, where not at the default
+    min_tokens: int = Field(default=0, description="not supported but 0: otherwise a 400")
+    include_stop_str_in_output: bool = Field(default=False, description="only false")
+    no_stop_trim: bool = Field(default=False, description="only false")
+    skip_special_tokens: bool = Field(default=True, description="only true")
 
     _unsupported: ClassVar[tuple[str, ...]] = ("functions", "function_call")
 
     @model_validator(mode="after")
     def _reject_unsupported(self):
         unsupported = [name for name in self._unsupported if getattr(self, name) is not None]
+        unsupported += [n for n, v in self._extensions().items() if getattr(self, n) != v]
         if unsupported:
             raise ValueError(f"not supported by this server: {', '.join(unsupported)}")
         self.grammar_fields()  # two structured outputs at once fail here
         self.token_bias()
         return self
+
+    @staticmethod
+    def _extensions() -> dict[str, Any]:
+        """Extensions this server takes only at their defaults."""
+        return {
+            "min_tokens": 0,
+            "include_stop_str_in_output": False,
+            "no_stop_trim": False,
+            "skip_special_tokens": True,
+        }
 
     def token_bias(self) -> dict[int, float] | None:
         """``logit_bias`` by token id (its keys are the ids' decimal strings)."""
@@ -106,6 +125,7 @@ class _OpenAIBase(StructuredFields):
             stop=self.stop,
             seed=self.seed,
             ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
             logit_bias=self.token_bias(),
             **self.grammar_fields(),
             **extra,

@@ -461,8 +461,24 @@ def test_chat_fields_that_would_change_the_answer_are_refused(server):
         assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
     r = httpx.post(url + "/v1/completions", json={"prompt": "x", "tools": [tool]})
     assert r.status_code == 400 and "not supported by this server: tools" in r.text
+    for name, value in (("min_tokens", 2), ("include_stop_str_in_output", True)):
+        r = httpx.post(url + "/v1/completions", json={"prompt": "x", name: value})
+        assert r.status_code == 400 and f"not supported by this server: {name}" in r.text
+    fine = {"prompt": "x", "max_tokens": 1, "min_tokens": 0, "skip_special_tokens": True}
+    assert httpx.post(url + "/v1/completions", json=fine).status_code == 200
     ok = {"messages": messages, "max_tokens": 2, "response_format": {"type": "text"}}
     assert httpx.post(url + "/v1/chat/completions", json=ok).status_code == 200
+
+
+def test_stop_token_ids_end_an_openai_completion(server):
+    url, _ = server
+    greedy = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+    ids = httpx.post(url + "/generate", json=greedy).json()["token_ids"]
+    stop = ids[2]
+    body = {"prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0, "stop_token_ids": [stop]}
+    out = httpx.post(url + "/v1/completions", json=body).json()
+    assert out["usage"]["completion_tokens"] == ids.index(stop) + 1
+    assert out["choices"][0]["finish_reason"] == "stop"
 
 
 def test_max_completion_tokens_bounds_a_chat_as_max_tokens_does(server):
