@@ -14,6 +14,10 @@ import sys
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
+DESCRIPTION = (
+    "An LLM serving engine whose radix-tree prefix cache computes a shared prefix's K/V "
+    "once. Try `radixserve demo`, then `radixserve serve --model smollm2-135m-instruct`."
+)
 # name: (module, help)
 COMMANDS = {
     "demo": ("radixserve.bench.demo", "a chat workload served with the prefix cache on and off"),
@@ -245,7 +249,7 @@ def _add_module(sub, name: str, module: str, help: str, chosen: bool, bench: boo
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """``argv`` names the command to be run, whose arguments are the only ones loaded."""
     words = [a for a in argv if not a.startswith("-")]
-    parser = argparse.ArgumentParser(prog="radixserve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="radixserve", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help) in COMMANDS.items():
         _add_module(sub, name, module, help, words[:1] == [name], bench=False)
