@@ -26,7 +26,7 @@ from radixserve.engine.constrained import ConstrainedDecoding
 from radixserve.engine.drafts import Drafter
 from radixserve.engine.grammar import GrammarCompiler
 from radixserve.engine.inbox import Inbox
-from radixserve.engine.intake import RequestFactory
+from radixserve.engine.intake import RequestFactory, Sampling
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import Listener, request_output, stream_outputs
@@ -120,7 +120,7 @@ class Engine(ChatTemplating, EngineReports):
     def generate(
         self,
         prompt: str | Sequence[str] | None = None,
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        sampling_params: Sampling | Sequence[Sampling] | None = None,
         *,
         input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
         namespace: object = None,

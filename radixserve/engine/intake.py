@@ -3,14 +3,20 @@ requests, with the checks that make bad input fail before anything is queued."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from radixserve.engine.req import Req
 from radixserve.engine.sampling_params import SamplingParams
+
+# sampling params as callers may pass them: the dataclass or a dict of its fields
+Sampling = SamplingParams | Mapping[str, Any]
+NOT_SAMPLING = "sampling_params must be SamplingParams, a dict of its fields or a list of either"
 
 
 class RequestFactory:
@@ -23,7 +29,7 @@ class RequestFactory:
     def make(
         self,
         prompt: str | Sequence[str] | None,
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        sampling_params: Sampling | Sequence[Sampling] | None,
         input_ids: Sequence[int] | Sequence[Sequence[int]] | None,
         namespace: object,
         rid: str | None = None,
@@ -46,7 +52,7 @@ class RequestFactory:
     def prompts(
         self,
         prompt: str | Sequence[str] | None,
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        sampling_params: Sampling | Sequence[Sampling] | None,
         input_ids: Sequence[int] | Sequence[Sequence[int]] | None,
     ) -> tuple[list[tuple[np.ndarray, SamplingParams]], bool]:
         """Each prompt's checked token ids with its sampling params, and whether a single
@@ -63,15 +69,19 @@ class RequestFactory:
             single = len(input_ids) == 0 or not isinstance(input_ids[0], Sequence | np.ndarray)
             ids = [list(input_ids)] if single else [list(x) for x in input_ids]
         params = sampling_params if sampling_params is not None else SamplingParams()
-        if isinstance(params, SamplingParams):
+        if isinstance(params, SamplingParams | Mapping):
             params = [params] * len(ids)
+        if not isinstance(params, Sequence):
+            raise ValueError(NOT_SAMPLING)
+        params = [_sampling(p) for p in params]
         if len(params) != len(ids):
             raise ValueError(f"got {len(params)} sampling params for {len(ids)} prompts")
         return [(self._check_prompt(t, p), p) for t, p in zip(ids, params, strict=True)], single
 
     def _check_prompt(self, tokens, params: SamplingParams) -> np.ndarray:
+        """The prompt as the scheduler takes it, or a ValueError that says what is wrong."""
         if not isinstance(params, SamplingParams):
-            raise ValueError("sampling_params must be SamplingParams")
+            raise ValueError(NOT_SAMPLING)
         arr = np.asarray(tokens)
         if arr.size == 0:
             raise ValueError("the prompt is empty")
@@ -87,3 +97,13 @@ class RequestFactory:
                 f"{self.max_prompt_tokens}"
             )
         return arr.astype(np.int32)
+
+
+def _sampling(params: Sampling) -> SamplingParams:
+    """``SamplingParams``, or a dict of its fields (as SGLang's engine takes them)."""
+    if not isinstance(params, Mapping):
+        return params
+    unknown = sorted(set(params) - {f.name for f in dataclasses.fields(SamplingParams)})
+    if unknown:
+        raise ValueError(f"unknown sampling params: {', '.join(unknown)}")
+    return SamplingParams(**params)

@@ -238,6 +238,17 @@ def test_streamed_samples_of_a_seeded_request_are_the_non_streamed_ones(engine):
     assert len({tuple(o["token_ids"]) for o in whole[:3]}) == 3  # each sample its own seed
 
 
+def test_sampling_params_may_be_a_dict_of_their_fields(engine):
+    """As SGLang's engine takes them."""
+    fields = {"max_new_tokens": 5, "temperature": 0, "stop_token_ids": [3], "ignore_eos": True}
+    as_dict = engine.generate(["a tree", "a path"], fields)
+    assert [o["token_ids"] for o in as_dict] == [
+        o["token_ids"] for o in engine.generate(["a tree", "a path"], SamplingParams(**fields))
+    ]
+    mixed = engine.generate(["a tree", "a path"], [fields, {"max_new_tokens": 2}])
+    assert [o["meta_info"]["completion_tokens"] for o in mixed][1] == 2
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -248,6 +259,9 @@ def test_streamed_samples_of_a_seeded_request_are_the_non_streamed_ones(engine):
         (lambda e: e.generate("x", SamplingParams(top_p=0)), "top_p"),
         (lambda e: e.generate("x", SamplingParams(top_p=1.5)), "top_p"),
         (lambda e: e.generate("x", SamplingParams(max_new_tokens=-1)), "max_new_tokens"),
+        (lambda e: e.generate("x", {"max_tokens": 3, "topp": 1}), "params: max_tokens, topp$"),
+        (lambda e: e.generate("x", {"temperature": -1}), "temperature"),
+        (lambda e: e.generate("x", 3), "sampling_params must be"),
     ],
 )
 def test_bad_input_fails_alone(engine, call, message):
