@@ -55,8 +55,9 @@ async def _run(
 
 @router.get("/v1/models", responses=KEY_ERRORS)
 async def models(request: Request, _: str | None = Depends(tenant)):
-    name = request.app.state.model_name
+    name, engine = request.app.state.model_name, request.app.state.engine
     entry = {"id": name, "object": "model", "created": 0, "owned_by": "radixserve"}
+    entry["max_model_len"] = engine.context_len  # as vLLM's and SGLang's cards say
     return {"object": "list", "data": [entry]}
 
 

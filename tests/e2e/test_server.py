@@ -139,7 +139,7 @@ def test_async_client_under_concurrent_load(server):
 
 
 def test_native_and_operational_routes(server):
-    url, _ = server
+    url, engine = server
     r = httpx.post(
         url + "/generate",
         json={"text": "hello", "sampling_params": {"max_new_tokens": 3, "temperature": 0}},
@@ -152,7 +152,8 @@ def test_native_and_operational_routes(server):
     lines = [x for x in r.text.splitlines() if x.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["finished"]
     assert httpx.get(url + "/health").json() == {"status": "ok"}
-    assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "tiny"
+    card = httpx.get(url + "/v1/models").json()["data"][0]
+    assert card["id"] == "tiny" and card["max_model_len"] == engine.context_len
     metrics = httpx.get(url + "/metrics").text
     for name in (
         "radixserve_prefix_cache_queries_total",
