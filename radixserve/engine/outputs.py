@@ -32,8 +32,7 @@ def request_output(req: Req) -> dict:
 
 def output_logprobs(req: Req, start: int, end: int) -> dict:
     """The logprobs of output tokens ``start:end`` (and their top alternatives), when the
-    request asked for them. They are recorded before their tokens join ``output_ids``, so
-    a reader on another thread finds them for every token it has seen."""
+    request asked for them."""
     p, out = req.params, {}
     if p.return_logprob:
         out["output_token_logprobs"] = req.output_logprobs[start:end]
@@ -68,6 +67,8 @@ class StreamCursor:
         become a stop string waits); ``None`` when there is nothing new."""
         req = self.req
         ids = req.output_ids[self.tokens :]
+        if req.params.return_logprob:  # a verified draft's tokens get theirs just after
+            ids = ids[: max(0, len(req.output_logprobs) - self.tokens)]
         text = req.text if done else stable_text(req.text, req.params.stop)
         if not ids and not done:
             return None
