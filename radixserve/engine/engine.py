@@ -108,7 +108,7 @@ class Engine(ChatTemplating, EngineReports):
         if config.speculative is not None:
             drafter = Drafter(self.cache, config.speculative_tokens, self.context_len, self.metrics)
         self.scheduler = Scheduler(config, req_cache, self.metrics, finish_check, rule, drafter)
-        self.sampler = Sampler(config.seed)
+        self.sampler = Sampler(config.seed, loaded.eos_token_ids)
         self.recorder = None
         if config.record_trace is not None:
             self.recorder = TraceRecorder(config.record_trace, config.page_size)

@@ -7,6 +7,8 @@ request samples the same tokens whatever it is batched with.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 
 from radixserve.cpu.native import load_native
@@ -17,13 +19,15 @@ CANDIDATES = 1024
 
 
 class Sampler:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, eos_token_ids: Collection[int] = ()) -> None:
         self.generator = torch.Generator().manual_seed(seed)
+        self.eos_token_ids = tuple(eos_token_ids)
         self._seeded: dict[Req, torch.Generator] = {}
 
     def sample(self, logits: torch.Tensor, reqs: list[Req]) -> list[int]:
         """logits: [batch, vocab] float32, one row per request in ``reqs``."""
         logits = logits.float().cpu()
+        logits = self.hold_stops(logits, reqs, [len(r.output_ids) for r in reqs])
         params = [r.params for r in reqs]
         logits = self._penalise(logits, reqs)
         if all(p.greedy for p in params):
@@ -51,6 +55,24 @@ class Sampler:
             rows = torch.tensor(cut)
             probs[rows] = self._truncate(probs[rows], [params[i] for i in cut])
         return probs
+
+    def hold_stops(self, logits: torch.Tensor, reqs: list[Req], made: list[int]) -> torch.Tensor:
+        """``logits`` with row ``i``'s stop tokens (its ``stop_token_ids``, and EOS unless it
+        ignores it) at -inf while ``made[i]``, the outputs its request has before that row's
+        token, is short of its ``min_new_tokens``."""
+        held = [
+            i
+            for i, (r, n) in enumerate(zip(reqs, made, strict=True))
+            if n < r.params.min_new_tokens
+        ]
+        if not held:
+            return logits
+        logits, vocab = logits.clone(), logits.shape[-1]
+        for i in held:
+            p = reqs[i].params
+            stops = [*p.stop_token_ids, *(() if p.ignore_eos else self.eos_token_ids)]
+            logits[i, [t for t in stops if t < vocab]] = float("-inf")
+        return logits
 
     def forget(self, req: Req) -> None:
         self._seeded.pop(req, None)

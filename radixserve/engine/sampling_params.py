@@ -24,6 +24,9 @@ class SamplingParams:
     stop: tuple[str, ...] | str | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # until the output has this many tokens, its stop tokens are never sampled and its stop
+    # strings do not end it (vLLM's ``min_tokens``)
+    min_new_tokens: int = 0
     seed: int | None = None
     n: int = 1
     # added to the logits of these token ids (each in [-100, 100]) before anything else:
@@ -46,6 +49,10 @@ class SamplingParams:
     def __post_init__(self) -> None:
         checks = [
             (self.max_new_tokens >= 0, f"max_new_tokens must be >= 0, got {self.max_new_tokens}"),
+            (
+                0 <= self.min_new_tokens <= self.max_new_tokens,
+                f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}",
+            ),
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 or >= 1, got {self.top_k}"),
@@ -89,6 +96,8 @@ class SamplingParams:
         given = [name for name in GRAMMAR_FIELDS if getattr(self, name) not in (None, False)]
         if len(given) > 1:
             raise ValueError(f"give at most one of {', '.join(given)}")
+        if given and self.min_new_tokens:  # a grammar's end is the output's end
+            raise ValueError(f"min_new_tokens cannot go with {given[0]}")
         if isinstance(self.json_schema, dict):
             object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
         elif isinstance(self.json_schema, str):

@@ -23,7 +23,10 @@ from radixserve.engine.sampler import Sampler, add_logit_bias, argmax, draw
 def verify(drafted: Drafted, sampler: Sampler) -> list[int]:
     """The tokens the request emits: its accepted drafts, then one from the model."""
     req, draft = drafted.req, drafted.draft
-    logits = add_logit_bias(drafted.logits.float().cpu(), [req] * len(drafted.logits))
+    rows = len(drafted.logits)
+    logits = add_logit_bias(drafted.logits.float().cpu(), [req] * rows)
+    made = len(req.output_ids)
+    logits = sampler.hold_stops(logits, [req] * rows, [made + j for j in range(rows)])
     if req.params.greedy:
         best = argmax(logits).tolist()
         kept = next((j for j, d in enumerate(draft) if best[j] != d), len(draft))

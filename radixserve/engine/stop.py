@@ -19,7 +19,7 @@ from radixserve.engine.req import Req, ReqState
 class StopChecker:
     def __init__(self, tokenizer, eos_token_ids: Collection[int], context_len: int) -> None:
         self.tokenizer = tokenizer
-        self.eos_token_ids = frozenset(eos_token_ids)
+        self.eos = frozenset(eos_token_ids)
         self.context_len = context_len
 
     def decode(self, ids: list[int]) -> str:
@@ -30,9 +30,10 @@ class StopChecker:
         p, token = req.params, req.output_ids[-1]
         before = len(req.text)
         text = req.text + self._new_text(req)
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+        stops = len(req.output_ids) >= p.min_new_tokens  # before that, no stop ends it
+        if stops and (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos)):
             req.finish_reason, req.matched_stop = "stop", token
-        elif p.stop and (hit := first_stop(text, p.stop, before)) is not None:
+        elif stops and p.stop and (hit := first_stop(text, p.stop, before)) is not None:
             text = text[: hit[0]]
             req.finish_reason, req.matched_stop = "stop", hit[1]
         elif len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:

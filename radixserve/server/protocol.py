@@ -63,6 +63,7 @@ class _OpenAIBase(StructuredFields):
     stop_token_ids: list[TokenId] | None = Field(
         default=None, description="ids that end the output"
     )
+    min_tokens: int = Field(default=0, ge=0, description="no stop ends the output before this")
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         default=None, description="token id (as a string) -> bias added to its logit"
     )
@@ -71,7 +72,6 @@ class _OpenAIBase(StructuredFields):
     functions: list[Any] | None = Unsupported
     function_call: Any = Unsupported
     # vLLM's and SGLang's extensions that would change the output, where not at the default
-    min_tokens: int = Field(default=0, description="not supported but 0: otherwise a 400")
     include_stop_str_in_output: bool = Field(default=False, description="only false")
     no_stop_trim: bool = Field(default=False, description="only false")
     skip_special_tokens: bool = Field(default=True, description="only true")
@@ -92,7 +92,6 @@ class _OpenAIBase(StructuredFields):
     def _extensions() -> dict[str, Any]:
         """Extensions this server takes only at their defaults."""
         return {
-            "min_tokens": 0,
             "include_stop_str_in_output": False,
             "no_stop_trim": False,
             "skip_special_tokens": True,
@@ -126,6 +125,7 @@ class _OpenAIBase(StructuredFields):
             seed=self.seed,
             ignore_eos=self.ignore_eos,
             stop_token_ids=tuple(self.stop_token_ids or ()),
+            min_new_tokens=self.min_tokens,
             logit_bias=self.token_bias(),
             **self.grammar_fields(),
             **extra,

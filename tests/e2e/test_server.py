@@ -462,7 +462,7 @@ def test_chat_fields_that_would_change_the_answer_are_refused(server):
         assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
     r = httpx.post(url + "/v1/completions", json={"prompt": "x", "tools": [tool]})
     assert r.status_code == 400 and "not supported by this server: tools" in r.text
-    for name, value in (("min_tokens", 2), ("include_stop_str_in_output", True)):
+    for name, value in (("no_stop_trim", True), ("include_stop_str_in_output", True)):
         r = httpx.post(url + "/v1/completions", json={"prompt": "x", name: value})
         assert r.status_code == 400 and f"not supported by this server: {name}" in r.text
     fine = {"prompt": "x", "max_tokens": 1, "min_tokens": 0, "skip_special_tokens": True}
@@ -480,6 +480,10 @@ def test_stop_token_ids_end_an_openai_completion(server):
     out = httpx.post(url + "/v1/completions", json=body).json()
     assert out["usage"]["completion_tokens"] == ids.index(stop) + 1
     assert out["choices"][0]["finish_reason"] == "stop"
+    held = httpx.post(url + "/v1/completions", json={**body, "min_tokens": 5}).json()
+    assert held["usage"]["completion_tokens"] >= 5  # vLLM's min_tokens: no stop before
+    too_many = httpx.post(url + "/v1/completions", json={**body, "min_tokens": 7})
+    assert too_many.status_code == 400 and "min_new_tokens" in too_many.text
 
 
 def test_max_completion_tokens_bounds_a_chat_as_max_tokens_does(server):

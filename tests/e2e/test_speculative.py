@@ -157,6 +157,24 @@ def test_a_re_emitted_tool_call_is_the_same_with_drafts_from_the_tree(real_model
     assert after["accepted_tokens_tree"] > before["accepted_tokens_tree"]
 
 
+def test_min_new_tokens_holds_off_eos_and_stop_strings_with_drafts_or_without(engines):
+    off, on = engines
+    ids = chat(off, "Answer with one word: what color is the sky?")
+    short = off.generate(input_ids=ids, sampling_params=SamplingParams(temperature=0))
+    assert short["meta_info"]["finish_reason"]["type"] == "stop"
+    n = len(short["token_ids"])
+    held = SamplingParams(max_new_tokens=n + 24, min_new_tokens=n + 12, temperature=0)
+    outs = [e.generate(input_ids=ids, sampling_params=held) for e in (off, on)]
+    assert outs[0]["token_ids"] == outs[1]["token_ids"]
+    tokens = outs[0]["token_ids"]
+    assert len(tokens) >= n + 12 and short["token_ids"][-1] not in tokens[: n + 12]
+    word = short["text"].strip()[:3]  # a stop string the answer holds early on
+    stop = SamplingParams(max_new_tokens=n + 24, min_new_tokens=n + 6, temperature=0, stop=[word])
+    assert len(off.generate(input_ids=ids, sampling_params=stop)["token_ids"]) >= n + 6
+    with pytest.raises(ValueError, match="min_new_tokens cannot go with regex"):
+        SamplingParams(min_new_tokens=2, regex="a+")
+
+
 def test_tree_drafts_of_a_question_asked_again_are_all_kept(engines):
     _, on = engines
     ids = chat(on, "Name the planets of the solar system.")

@@ -124,3 +124,18 @@ def test_greedy_verification_keeps_drafts_while_they_are_the_argmax():
     assert verify(Drafted(req, (1, 2, 3), logits), Sampler(0)) == [1, 2, 0]
     assert verify(Drafted(req, (1, 2, 0), logits), Sampler(0)) == [1, 2, 0, 4]
     assert verify(Drafted(req, (3, 2, 0), logits), Sampler(0)) == [1]
+
+
+def test_verification_holds_off_stop_tokens_until_min_new_tokens():
+    """Row ``j`` comes after ``j`` draft tokens: EOS (0 here), the argmax at every row, is
+    held off at rows before the output reaches ``min_new_tokens``, drafts or not."""
+    logits = torch.zeros(4, 5)
+    logits[:, 0] = 2
+    logits[:, 3] = 1
+    params = SamplingParams(temperature=0, max_new_tokens=9, min_new_tokens=3)
+    req = Req("r", np.arange(3, dtype=np.int32), params)
+    req.output_ids = [4]  # one made: rows 0 and 1 (outputs 2 and 3) may not stop
+    sampler = Sampler(0, eos_token_ids=[0])
+    assert verify(Drafted(req, (3, 3, 3), logits), sampler) == [3, 3, 0]
+    assert sampler.sample(logits[:1], [req]) == [3]
+    assert Sampler(0).sample(logits[:1], [req]) == [0]  # no EOS known: nothing to hold
