@@ -217,9 +217,19 @@ class GenerateRequest(_Body):
     logprob_start_len: int = Field(default=-1, ge=-1)
     top_logprobs_num: int = Field(default=0, ge=0)
     cache_salt: str | None = None
+    # SGLang's fields that would change the answer and are not implemented
+    image_data: Any = Unsupported
+    audio_data: Any = Unsupported
+    video_data: Any = Unsupported
+    lora_path: Any = Unsupported
+    return_text_in_logprobs: bool | None = Unsupported
 
     @model_validator(mode="after")
     def _one_source(self):
+        names = ("image_data", "audio_data", "video_data", "lora_path", "return_text_in_logprobs")
+        unsupported = [n for n in names if getattr(self, n) not in (None, False)]
+        if unsupported:
+            raise ValueError(f"not supported by this server: {', '.join(unsupported)}")
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("pass exactly one of text and input_ids")
         if self.sampling_params.n > MAX_SAMPLES:

@@ -467,6 +467,13 @@ def test_chat_fields_that_would_change_the_answer_are_refused(server):
         assert r.status_code == 400 and f"not supported by this server: {name}" in r.text
     fine = {"prompt": "x", "max_tokens": 1, "min_tokens": 0, "skip_special_tokens": True}
     assert httpx.post(url + "/v1/completions", json=fine).status_code == 200
+    for name, value in (
+        ("image_data", "a.png"),
+        ("lora_path", "a"),
+        ("return_text_in_logprobs", True),
+    ):
+        r = httpx.post(url + "/generate", json={"text": "x", name: value})
+        assert r.status_code == 400 and f"not supported by this server: {name}" in r.text
     ok = {"messages": messages, "max_tokens": 2, "response_format": {"type": "text"}}
     assert httpx.post(url + "/v1/chat/completions", json=ok).status_code == 200
 
