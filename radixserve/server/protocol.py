@@ -25,6 +25,12 @@ Unsupported = Field(default=None, description="not supported: setting it gets a 
 MAX_SAMPLES = 16  # n per prompt
 
 
+def refuse(names: list[str]) -> None:
+    """The 400 for fields that would change the answer and are not implemented."""
+    if names:
+        raise ValueError(f"not supported by this server: {', '.join(names)}")
+
+
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class NativeSamplingParams(SamplingParams):
     """``SamplingParams`` as ``/generate`` takes them: an unknown key (``max_tokens`` for
@@ -77,25 +83,19 @@ class _OpenAIBase(StructuredFields):
     skip_special_tokens: bool = Field(default=True, description="only true")
 
     _unsupported: ClassVar[tuple[str, ...]] = ("functions", "function_call")
+    _defaults_only: ClassVar[dict[str, bool]] = {
+        "include_stop_str_in_output": False,
+        "no_stop_trim": False,
+        "skip_special_tokens": True,
+    }
 
     @model_validator(mode="after")
     def _reject_unsupported(self):
         unsupported = [name for name in self._unsupported if getattr(self, name) is not None]
-        unsupported += [n for n, v in self._extensions().items() if getattr(self, n) != v]
-        if unsupported:
-            raise ValueError(f"not supported by this server: {', '.join(unsupported)}")
+        refuse(unsupported + [n for n, v in self._defaults_only.items() if getattr(self, n) != v])
         self.grammar_fields()  # two structured outputs at once fail here
         self.token_bias()
         return self
-
-    @staticmethod
-    def _extensions() -> dict[str, Any]:
-        """Extensions this server takes only at their defaults."""
-        return {
-            "include_stop_str_in_output": False,
-            "no_stop_trim": False,
-            "skip_special_tokens": True,
-        }
 
     def token_bias(self) -> dict[int, float] | None:
         """``logit_bias`` by token id (its keys are the ids' decimal strings)."""
@@ -184,8 +184,7 @@ class ChatCompletionRequest(ToolFields, _OpenAIBase):
     web_search_options: Any = Unsupported
 
     _unsupported: ClassVar[tuple[str, ...]] = (
-        "functions",
-        "function_call",
+        *_OpenAIBase._unsupported,
         "audio",
         "web_search_options",
     )
@@ -224,12 +223,17 @@ class GenerateRequest(_Body):
     lora_path: Any = Unsupported
     return_text_in_logprobs: bool | None = Unsupported
 
+    _unsupported: ClassVar[tuple[str, ...]] = (
+        "image_data",
+        "audio_data",
+        "video_data",
+        "lora_path",
+        "return_text_in_logprobs",
+    )
+
     @model_validator(mode="after")
     def _one_source(self):
-        names = ("image_data", "audio_data", "video_data", "lora_path", "return_text_in_logprobs")
-        unsupported = [n for n in names if getattr(self, n) not in (None, False)]
-        if unsupported:
-            raise ValueError(f"not supported by this server: {', '.join(unsupported)}")
+        refuse([n for n in self._unsupported if getattr(self, n) not in (None, False)])
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("pass exactly one of text and input_ids")
         if self.sampling_params.n > MAX_SAMPLES:

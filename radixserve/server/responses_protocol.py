@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixserve.engine import SamplingParams
-from radixserve.server.protocol import Unsupported
+from radixserve.server.protocol import Unsupported, refuse
 from radixserve.server.tool_fields import (
     ChatMessage,
     FunctionDef,
@@ -110,8 +110,7 @@ class ResponsesRequest(_Body):
             unsupported.append("include")
         if self.reasoning and any(v is not None for v in self.reasoning.values()):
             unsupported.append("reasoning")
-        if unsupported:
-            raise ValueError(f"not supported by this server: {', '.join(unsupported)}")
+        refuse(unsupported)
         fields = self.tool_fields()  # a choice that names no tool fails here
         if fields.forces_calls and self.grammar():
             raise ValueError("tool_choice that forces a call cannot go with text.format")
