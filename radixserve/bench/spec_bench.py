@@ -48,9 +48,9 @@ RENAMES = [("req", "request"), ("node", "vertex"), ("state", "st"), ("budget", "
 def _snippets() -> list[str]:
     """Functions of radixserve's own source (a few hundred tokens each) to rewrite."""
     from radixserve.cache.radix_edges import RadixEdges
-    from radixserve.engine.drafts import Drafter
-    from radixserve.engine.req_cache import ReqCacheManager
-    from radixserve.engine.scheduler import Scheduler
+    from radixserve.engine.scheduler.req_cache import ReqCacheManager
+    from radixserve.engine.scheduler.scheduler import Scheduler
+    from radixserve.engine.speculative.drafts import Drafter
 
     funcs = [Scheduler._schedule_decode, RadixEdges.continuation, Drafter.propose]
     funcs += [ReqCacheManager.admit, Scheduler._schedule_extend]

@@ -17,9 +17,9 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 
-from radixserve.engine.chat_format import ChatTemplating
+from radixserve.chat.templates import ChatTemplating
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.intake import RequestFactory
+from radixserve.engine.request_factory import RequestFactory
 from radixserve.engine.sampling_params import SamplingParams
 from radixserve.server.errors import ApiError
 

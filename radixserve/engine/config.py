@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.engine.reasoning import reasoning_format
-from radixserve.engine.tool_calls import TOOL_PARSERS
+from radixserve.chat.reasoning_parsers import reasoning_format
+from radixserve.chat.tool_parsers import TOOL_PARSERS
 
 POLICIES = ("lpm", "dfs-weight", "fcfs", "random")
 DTYPES = ("float32", "bfloat16", "float16")

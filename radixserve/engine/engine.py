@@ -18,27 +18,27 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 
 from radixserve.cache import create_prefix_cache
+from radixserve.chat.templates import ChatTemplating
 from radixserve.cpu.native import load_native
 from radixserve.engine import compute_thread
-from radixserve.engine.chat_format import ChatTemplating
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.constrained import ConstrainedDecoding
-from radixserve.engine.drafts import Drafter
-from radixserve.engine.grammar import GrammarCompiler
 from radixserve.engine.inbox import Inbox
-from radixserve.engine.intake import RequestFactory, Sampling
 from radixserve.engine.metrics import EngineMetrics
-from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import Listener, request_output, stream_outputs
 from radixserve.engine.reports import EngineReports
 from radixserve.engine.req import Req
-from radixserve.engine.req_cache import ReqCacheManager
-from radixserve.engine.sampler import Sampler
+from radixserve.engine.request_factory import RequestFactory, Sampling
+from radixserve.engine.runner.model_runner import ModelRunner
+from radixserve.engine.runner.sampler import Sampler
+from radixserve.engine.runner.token_picking import new_tokens
 from radixserve.engine.sampling_params import SamplingParams
-from radixserve.engine.scheduler import Scheduler
-from radixserve.engine.speculative import record_drafted_logprobs
-from radixserve.engine.step_tokens import new_tokens
+from radixserve.engine.scheduler.req_cache import ReqCacheManager
+from radixserve.engine.scheduler.scheduler import Scheduler
+from radixserve.engine.speculative.drafts import Drafter
+from radixserve.engine.speculative.verify import record_drafted_logprobs
 from radixserve.engine.stop import StopChecker
+from radixserve.engine.structured.constrained import ConstrainedDecoding
+from radixserve.engine.structured.grammar import GrammarCompiler
 from radixserve.engine.tiers import create_tiers
 from radixserve.engine.trace_recorder import TraceRecorder
 from radixserve.memory import KVSlotAllocator

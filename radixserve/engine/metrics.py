@@ -18,7 +18,7 @@ from radixserve.cache import BasePrefixCache, RadixCache
 from radixserve.cache.digest import tree_digest
 
 if TYPE_CHECKING:
-    from radixserve.engine.scheduler import Scheduler
+    from radixserve.engine.scheduler.scheduler import Scheduler
 
 WINDOW = 10_000
 

@@ -7,8 +7,8 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from radixserve.chat.held_back import stable_text
 from radixserve.engine.req import Req
-from radixserve.engine.stop import stable_text
 
 # called on the scheduler thread with the request and whether it finished
 Listener = Callable[[Req, bool], None]

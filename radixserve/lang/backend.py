@@ -9,8 +9,8 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
+from radixserve.chat.tool_parsers import ToolFormat
 from radixserve.engine import ChatFormat, Engine, SamplingParams
-from radixserve.engine.tool_calls import ToolFormat
 
 OnText = Callable[[str], None]
 

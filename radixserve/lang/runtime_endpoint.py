@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import httpx
 
+from radixserve.chat.tool_parsers import TOOL_FORMATS, ToolFormat
 from radixserve.engine import ChatFormat, SamplingParams
-from radixserve.engine.tool_calls import TOOL_FORMATS, ToolFormat
 from radixserve.lang.backend import BaseBackend, OnText, StreamCollector, scoring_params
 
 _PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} - {

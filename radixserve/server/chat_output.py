@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.engine.reasoning import ReasoningFormat
+from radixserve.chat.reasoning_parsers import ReasoningFormat
 from radixserve.server.openai_format import chat_finish_reason
 from radixserve.server.tool_fields import ToolPlan, tool_call_dicts
 

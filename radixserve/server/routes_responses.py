@@ -14,8 +14,8 @@ import time
 
 from fastapi import APIRouter, Depends, Request
 
+from radixserve.chat.templates import continuation_ids
 from radixserve.engine import Engine
-from radixserve.engine.chat_format import continuation_ids
 from radixserve.server.auth import namespace, tenant
 from radixserve.server.chat_output import ChatOutput
 from radixserve.server.errors import KEY_ERRORS, STREAMING, ApiError, error_doc

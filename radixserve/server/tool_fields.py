@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from radixserve.engine.tool_calls import ToolCall, ToolFormat, ToolStream
+from radixserve.chat.tool_parsers import ToolCall, ToolFormat, ToolStream
 
 
 class _Body(BaseModel):

@@ -334,7 +334,7 @@ def test_metrics_count_what_happened():
 
 def test_dedup_ratio_counts_shared_prefix_slots():
     from radixserve.engine.req import Req
-    from radixserve.engine.scheduler import Scheduler
+    from radixserve.engine.scheduler.scheduler import Scheduler
 
     sched = Scheduler.__new__(Scheduler)
     a, b = Req("a", np.zeros(8, np.int32), GREEDY), Req("b", np.zeros(8, np.int32), GREEDY)

@@ -13,8 +13,8 @@ import pytest
 
 from radixserve import Engine
 from radixserve.engine import SamplingParams
-from radixserve.engine.drafts import draft_prefix
 from radixserve.engine.req import Req
+from radixserve.engine.speculative.drafts import draft_prefix
 from radixserve.server import create_app
 from tests.e2e.test_server import _serve
 from tests.real_model import REAL_MODEL, real_model_file

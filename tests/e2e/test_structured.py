@@ -201,7 +201,7 @@ def test_constrained_requests_survive_preemption():
 def test_json_strings_take_characters_not_encoded_surrogates(schema):
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    from radixserve.engine.grammar import GrammarCompiler
+    from radixserve.engine.structured.grammar import GrammarCompiler
     from radixserve.model.presets import preset_tokenizer
 
     tokenizer = preset_tokenizer("tiny")

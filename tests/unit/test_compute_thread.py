@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from radixserve import Engine, SamplingParams
-from radixserve.engine import compute_thread, model_runner
+from radixserve.engine import compute_thread
+from radixserve.engine.runner import model_runner
 
 
 def test_calls_from_any_thread_run_on_one_thread_and_keep_their_errors():

@@ -8,13 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.cache import RadixCache
-from radixserve.engine.drafts import Drafter, ngram_draft
 from radixserve.engine.metrics import EngineMetrics
-from radixserve.engine.model_runner import Drafted
 from radixserve.engine.req import Req
-from radixserve.engine.sampler import Sampler
+from radixserve.engine.runner.model_runner import Drafted
+from radixserve.engine.runner.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
-from radixserve.engine.speculative import verify
+from radixserve.engine.speculative.drafts import Drafter, ngram_draft
+from radixserve.engine.speculative.verify import verify
 
 seqs = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=20), min_size=1, max_size=8)
 

@@ -49,7 +49,7 @@ def test_bad_grammar_fields_fail_when_built(fields, message):
 def test_without_xgrammar_a_grammar_is_a_value_error_naming_the_extra(monkeypatch):
     import sys
 
-    from radixserve.engine.grammar import GrammarCompiler
+    from radixserve.engine.structured.grammar import GrammarCompiler
 
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # import fails
     compiler = GrammarCompiler(None, 16, [], timeout_s=1)

@@ -6,7 +6,7 @@ decodes)."""
 import numpy as np
 import pytest
 
-from radixserve.engine.step_budget import StepCostModel, step_features
+from radixserve.engine.scheduler.step_budget import StepCostModel, step_features
 from tests.unit.test_scheduler import Harness, expected_output
 
 

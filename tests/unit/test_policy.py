@@ -3,9 +3,9 @@ import random
 import numpy as np
 
 from radixserve.cache import RadixCache
-from radixserve.engine.policy import order_waiting
 from radixserve.engine.req import Req
 from radixserve.engine.sampling_params import SamplingParams
+from radixserve.engine.scheduler.policy import order_waiting
 
 
 def make(tokens, arrival):

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.engine.reasoning import REASONING_FORMATS, reasoning_format
+from radixserve.chat.reasoning_parsers import REASONING_FORMATS, reasoning_format
 
 QWEN, R1 = REASONING_FORMATS["qwen3"], REASONING_FORMATS["deepseek_r1"]
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from radixserve.engine.req import Req
-from radixserve.engine.sampler import Sampler
+from radixserve.engine.runner.sampler import Sampler
 from radixserve.engine.sampling_params import SamplingParams
 
 # token 0 most likely, then 1, 2, 3 ...

@@ -18,13 +18,13 @@ import pytest
 from radixserve.cache import BlockHashCache, NoPrefixCache, RadixCache
 from radixserve.cache.shared_paths import PrefixGroupRule
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.drafts import Drafter
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.req import Req, ReqState
-from radixserve.engine.req_cache import ReqCacheManager
 from radixserve.engine.sampling_params import SamplingParams
-from radixserve.engine.schedule_batch import ScheduleBatch
-from radixserve.engine.scheduler import Scheduler
+from radixserve.engine.scheduler.batch import ScheduleBatch
+from radixserve.engine.scheduler.req_cache import ReqCacheManager
+from radixserve.engine.scheduler.scheduler import Scheduler
+from radixserve.engine.speculative.drafts import Drafter
 from radixserve.memory import KVSlotAllocator
 
 CACHES = {"radix": RadixCache, "block-hash": BlockHashCache, "off": NoPrefixCache}
@@ -333,7 +333,7 @@ def test_only_the_groups_the_backend_runs_are_formed_and_counted():
 
 def test_the_scheduler_and_its_bookkeeping_need_no_torch():
     code = (
-        "import sys, radixserve.engine.scheduler, radixserve.engine.req_cache, "
+        "import sys, radixserve.engine.scheduler.scheduler, radixserve.engine.scheduler.req_cache, "
         "radixserve.engine.metrics; assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixserve.chat.held_back import stable_text
 from radixserve.engine.req import Req
 from radixserve.engine.sampling_params import SamplingParams
-from radixserve.engine.stop import StopChecker, first_stop, stable_text
+from radixserve.engine.stop import StopChecker, first_stop
 from radixserve.model.tokenizer import build_tokenizer
 
 TOKENIZER = build_tokenizer()

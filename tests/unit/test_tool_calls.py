@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.engine.chat_format import tool_messages
-from radixserve.engine.tool_calls import TOOL_FORMATS, ToolCall, tool_format
+from radixserve.chat.templates import tool_messages
+from radixserve.chat.tool_parsers import TOOL_FORMATS, ToolCall, tool_format
 
 HERMES, LLAMA = TOOL_FORMATS["hermes"], TOOL_FORMATS["llama3_json"]
 WEATHER = {

@@ -21,15 +21,14 @@ import numpy as np
 
 from radixserve.cache import RadixCache
 from radixserve.cache.shared_paths import PrefixGroupRule
-from radixserve.engine.batch_reads import prefix_groups, take_copies
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.drafts import Drafter
 from radixserve.engine.metrics import EngineMetrics
-from radixserve.engine.policy import order_waiting
 from radixserve.engine.req import Req, ReqState
-from radixserve.engine.req_cache import ReqCacheManager, slots_held
-from radixserve.engine.schedule_batch import ScheduleBatch, Work
-from radixserve.engine.step_budget import ItlBudget, PrefillBudget
+from radixserve.engine.scheduler.batch import ScheduleBatch, Work, prefix_groups, take_copies
+from radixserve.engine.scheduler.policy import order_waiting
+from radixserve.engine.scheduler.req_cache import ReqCacheManager, slots_held
+from radixserve.engine.scheduler.step_budget import ItlBudget, PrefillBudget
+from radixserve.engine.speculative.drafts import Drafter
 
 # Hold a waiting request back a step when it shares at least this many not-yet-cached tokens
 # with one admitted in the same step.

@@ -14,8 +14,8 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from radixserve.engine.grammar import json_schema_ebnf
-from radixserve.engine.stop import partial_suffix
+from radixserve.chat.held_back import partial_suffix
+from radixserve.chat.json_grammar import json_schema_ebnf
 
 
 @dataclass(frozen=True)

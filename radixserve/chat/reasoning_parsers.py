@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixserve.engine.stop import partial_suffix
+from radixserve.chat.held_back import partial_suffix
 
 OPEN, CLOSE = "<think>", "</think>"
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from radixserve.engine.reasoning import ReasoningFormat, reasoning_format
-from radixserve.engine.tool_calls import ToolCall, ToolFormat, tool_format
+from radixserve.chat.reasoning_parsers import ReasoningFormat, reasoning_format
+from radixserve.chat.tool_parsers import ToolCall, ToolFormat, tool_format
 
 ROLES = ("system", "user", "assistant")
 _PROBE_TOOL = {"type": "function", "function": {"name": "radixserve_probe", "parameters": {}}}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.engine.model_runner import ForwardOutput
 from radixserve.engine.req import Req
-from radixserve.engine.schedule_batch import ScheduleBatch
+from radixserve.engine.runner.model_runner import ForwardOutput
+from radixserve.engine.scheduler.batch import ScheduleBatch
 
 
 def record_logprobs(batch: ScheduleBatch, out: ForwardOutput, tokens: list[int]) -> None:

@@ -27,12 +27,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from radixserve.engine.grammar import xgrammar_module
 from radixserve.engine.metrics import EngineMetrics
-from radixserve.engine.model_runner import Drafted
 from radixserve.engine.req import Req, ReqState
-from radixserve.engine.schedule_batch import Work
+from radixserve.engine.runner.model_runner import Drafted
+from radixserve.engine.scheduler.batch import Work
 from radixserve.engine.stop import StopChecker
+from radixserve.engine.structured.grammar import xgrammar_module
 
 
 class Filled(NamedTuple):

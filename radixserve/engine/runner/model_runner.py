@@ -22,7 +22,7 @@ from radixserve.cpu import CpuProfile, load_profile, probe_cpu_profile
 from radixserve.cpu.profile import check_runs_here
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.req import Req
-from radixserve.engine.schedule_batch import ScheduleBatch, Work
+from radixserve.engine.scheduler.batch import ScheduleBatch, Work
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model import load_model
 

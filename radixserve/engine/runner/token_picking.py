@@ -7,13 +7,13 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import replace
 
-from radixserve.engine.constrained import ConstrainedDecoding
-from radixserve.engine.logprobs import record_logprobs
-from radixserve.engine.model_runner import Drafted, ForwardOutput
 from radixserve.engine.req import Req
-from radixserve.engine.sampler import Sampler, add_logit_bias
-from radixserve.engine.schedule_batch import ScheduleBatch
-from radixserve.engine.speculative import verify
+from radixserve.engine.runner.logprobs import record_logprobs
+from radixserve.engine.runner.model_runner import Drafted, ForwardOutput
+from radixserve.engine.runner.sampler import Sampler, add_logit_bias
+from radixserve.engine.scheduler.batch import ScheduleBatch
+from radixserve.engine.speculative.verify import verify
+from radixserve.engine.structured.constrained import ConstrainedDecoding
 
 
 def new_tokens(

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.engine.logprobs import append_logprobs
-from radixserve.engine.model_runner import Drafted
 from radixserve.engine.req import Req
-from radixserve.engine.sampler import Sampler, add_logit_bias, argmax, draw
+from radixserve.engine.runner.logprobs import append_logprobs
+from radixserve.engine.runner.model_runner import Drafted
+from radixserve.engine.runner.sampler import Sampler, add_logit_bias, argmax, draw
 
 
 def verify(drafted: Drafted, sampler: Sampler) -> list[int]:

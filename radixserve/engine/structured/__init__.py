@@ -1,0 +1,1 @@
+"""Structured output: grammars compiled through xgrammar, masks and jump-forward."""
