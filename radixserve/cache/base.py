@@ -16,10 +16,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TypeAlias
 
 import numpy as np
 
 Namespace = Hashable | None
+
+
+# An opaque handle to a cached path, handed back to ``lock``/``unlock``: what it is belongs
+# to the index (a tree node, a hash block).
+CacheHandle: TypeAlias = object
 
 
 class CacheInvariantError(AssertionError):
@@ -36,7 +42,7 @@ class PrefixMatch:
 
     length: int
     slots: np.ndarray
-    node: object
+    node: CacheHandle
 
 
 @dataclass(frozen=True)
@@ -174,11 +180,11 @@ class BasePrefixCache(ABC):
         """
 
     @abstractmethod
-    def lock(self, node: object) -> None:
+    def lock(self, node: CacheHandle) -> None:
         """Protect the path from the root to ``node`` from eviction (reference counted)."""
 
     @abstractmethod
-    def unlock(self, node: object) -> None:
+    def unlock(self, node: CacheHandle) -> None:
         """Undo one ``lock``; raises ``ValueError`` when ``node`` holds no lock."""
 
     @abstractmethod

@@ -97,17 +97,22 @@ class Engine(ChatTemplating, EngineReports):
         self.grammars = GrammarCompiler(
             self.tokenizer, self.vocab_size, loaded.eos_token_ids, config.grammar_compile_timeout_s
         )
-        self.constrained = ConstrainedDecoding(self.vocab_size, loaded.eos_token_ids, self.metrics)
+        self.constrained = ConstrainedDecoding(
+            self.vocab_size, loaded.eos_token_ids, self.context_len, self.metrics
+        )
         self.tier = create_tiers(config, loaded.model, self.runner.pool, self.cache)
         write_through = config.write_policy == "write_through"
         req_cache = ReqCacheManager(
             self.cache, self.allocator, self.metrics, self.tier, write_through
         )
-        finish_check = self.constrained.finish_check(self.stop_checker, self.context_len)
+        finish_check = self.constrained.finish_check(self.stop_checker)
         drafter = None
         if config.speculative is not None:
             drafter = Drafter(self.cache, config.speculative_tokens, self.context_len, self.metrics)
-        self.scheduler = Scheduler(config, req_cache, self.metrics, finish_check, rule, drafter)
+        jump = self.constrained.jump_forward
+        self.scheduler = Scheduler(
+            config, req_cache, self.metrics, finish_check, rule, drafter, jump
+        )
         self.sampler = Sampler(config.seed, loaded.eos_token_ids)
         self.recorder = None
         if config.record_trace is not None:
@@ -251,13 +256,12 @@ class Engine(ChatTemplating, EngineReports):
             except Exception:  # a bug must not leave callers waiting forever
                 logger.exception("scheduler step failed; failing every request in flight")
                 self._fail_all("error: internal")
-        self._fail_all(None)
+        self._fail_all("abort")
 
-    def _fail_all(self, reason: str | None) -> None:
+    def _fail_all(self, reason: str) -> None:
         for req in list(self.scheduler.running) + list(self.scheduler.waiting):
-            req.finish_reason = reason
             try:
-                self.scheduler.abort(req)
+                self.scheduler.abort(req, reason)
             finally:
                 self._finish(req)
 
@@ -278,8 +282,7 @@ class Engine(ChatTemplating, EngineReports):
             new, drafted = new_tokens(batch, out, masks, self.constrained, self.sampler)
         except Exception as exc:  # a failed forward fails its requests, not the engine
             for item in batch.work:
-                item.req.finish_reason = f"error: {exc}"
-                self.scheduler.abort(item.req)
+                self.scheduler.abort(item.req, f"error: {exc}")
                 self._finish(item.req)
             return
         now = time.perf_counter()

@@ -160,7 +160,7 @@ def routing_snapshot(
         digest = tree_digest(cache, fingerprint, max_keys).to_dict()
     return digest | {
         "fingerprint": fingerprint,
-        "queued_tokens": sum(r.seq_len - r.computed_len for r in waiting + running),
+        "queued_tokens": sum(r.seq_len - r.kv.computed_len for r in waiting + running),
         "running": len(running),
         "waiting": len(waiting),
     }

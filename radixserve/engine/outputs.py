@@ -1,4 +1,8 @@
-"""What the engine hands back: a finished request's output, and a stream's chunks."""
+"""What the engine hands back: a finished request's output, and a stream's chunks.
+
+Both are built on the scheduler thread, between two steps, and handed over as fresh dicts
+it never touches again: nothing on the caller's side reads a ``Req``.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +22,9 @@ def request_output(req: Req) -> dict:
     end = req.finish_s or time.perf_counter()
     meta = {
         "prompt_tokens": len(req.input_ids),
-        "cached_tokens": req.prompt_cached_tokens,
-        "cached_tokens_by_tier": dict(req.prompt_cached_by_tier)
-        or {"device": req.prompt_cached_tokens, "host": 0, "disk": 0},
+        "cached_tokens": req.kv.prompt_cached_tokens,
+        "cached_tokens_by_tier": dict(req.kv.prompt_cached_by_tier)
+        or {"device": req.kv.prompt_cached_tokens, "host": 0, "disk": 0},
         "completion_tokens": len(req.output_ids),
         "finish_reason": {"type": req.finish_reason, "matched": req.matched_stop},
         "ttft_s": (req.first_token_s or end) - req.arrival_s,
@@ -35,9 +39,9 @@ def output_logprobs(req: Req, start: int, end: int) -> dict:
     request asked for them."""
     p, out = req.params, {}
     if p.return_logprob:
-        out["output_token_logprobs"] = req.output_logprobs[start:end]
+        out["output_token_logprobs"] = req.logprobs.output[start:end]
         if p.top_logprobs_num:
-            out["output_top_logprobs"] = req.output_top_logprobs[start:end]
+            out["output_top_logprobs"] = req.logprobs.output_top[start:end]
     return out
 
 
@@ -48,15 +52,16 @@ def prompt_logprobs(req: Req) -> dict:
     if p.prompt_logprobs:
         ids = req.input_ids.tolist()
         positions = range(p.logprob_start_len, len(ids))
-        out["input_token_logprobs"] = [(req.input_logprobs.get(i), ids[i]) for i in positions]
+        recorded = req.logprobs
+        out["input_token_logprobs"] = [(recorded.prompt.get(i), ids[i]) for i in positions]
         if p.top_logprobs_num:
-            out["input_top_logprobs"] = [req.input_top_logprobs.get(i) for i in positions]
+            out["input_top_logprobs"] = [recorded.prompt_top.get(i) for i in positions]
     return out
 
 
 class StreamCursor:
-    """What one request's stream has sent so far. Read on the caller's event loop while the
-    scheduler thread extends the request: each chunk takes whatever is there now."""
+    """What one request's stream has sent so far; used on the scheduler thread, after each
+    step that gave the request tokens."""
 
     def __init__(self, req: Req, index: int) -> None:
         self.req, self.index = req, index
@@ -68,7 +73,7 @@ class StreamCursor:
         req = self.req
         ids = req.output_ids[self.tokens :]
         if req.params.return_logprob:  # a verified draft's tokens get theirs just after
-            ids = ids[: max(0, len(req.output_logprobs) - self.tokens)]
+            ids = ids[: max(0, len(req.logprobs.output) - self.tokens)]
         text = req.text if done else stable_text(req.text, req.params.stop)
         if not ids and not done:
             return None
@@ -97,34 +102,36 @@ async def stream_outputs(
     stopping: Callable[[], bool],
     prepare: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[dict]:
-    """Submit ``reqs`` (after awaiting ``prepare``) and yield their chunks as the scheduler
-    thread advances them, through one queue on the caller's loop; closing early aborts the
-    unfinished ones."""
+    """Submit ``reqs`` (after awaiting ``prepare``) and yield their chunks, built on the
+    scheduler thread as it advances them and passed through one queue on the caller's loop;
+    closing early aborts the unfinished ones."""
     if prepare is not None:
         await prepare()
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[int, bool]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, dict | None, bool]] = asyncio.Queue()
 
-    def listener(index: int) -> Listener:
-        def notify(_: Req, done: bool) -> None:
+    def listener(index: int, cursor: StreamCursor) -> Listener:
+        def notify(_: Req, done: bool) -> None:  # on the scheduler thread
+            chunk = cursor.chunk(done)
+            if chunk is None:
+                return
             # a caller whose loop has closed reads nothing any more
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(queue.put_nowait, (index, done))
+                loop.call_soon_threadsafe(queue.put_nowait, (index, chunk, done))
 
         return notify
 
-    cursors = [StreamCursor(req, i) for i, req in enumerate(reqs)]
+    rids = [req.rid for req in reqs]
     for i, req in enumerate(reqs):
-        submit(req, listener(i))
-    live = len(reqs)
+        submit(req, listener(i, StreamCursor(req, i)))
+    live = set(range(len(reqs)))
     try:
         while live:
-            index, done = await queue.get()
-            live -= done
-            if (chunk := cursors[index].chunk(done)) is not None:
-                yield chunk
+            index, chunk, done = await queue.get()
+            if done:
+                live.discard(index)
+            yield chunk
     finally:
         if not stopping():
-            for req in reqs:
-                if not req.finished:
-                    abort(req.rid)
+            for index in live:
+                abort(rids[index])

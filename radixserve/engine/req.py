@@ -1,18 +1,29 @@
 """A request's life inside the engine: what it asked for, where it stands, what it made.
 
-Its slots and its lock in the prefix cache are kept by ``ReqCacheManager`` (region map
-there); the text by ``StopChecker``.
+Its state is grouped by the module that writes it: ``kv`` (its slots and its lock in the
+prefix cache) by ``ReqCacheManager``, ``detok`` (its text) by ``StopChecker``, ``logprobs``
+by the runner. A request ends in one place, ``finish``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from radixserve.engine.runner.logprob_store import ReqLogprobs
 from radixserve.engine.sampling_params import SamplingParams
+from radixserve.engine.scheduler.req_cache import ReqKV
+from radixserve.engine.stop import Detokenized
+
+if TYPE_CHECKING:
+    from xgrammar import GrammarMatcher
+
+    from radixserve.engine.speculative.drafts import DraftState
 
 
 class ReqState(Enum):
@@ -26,40 +37,22 @@ class Req:
     rid: str
     input_ids: np.ndarray  # int32
     params: SamplingParams
-    namespace: object = None
+    namespace: Hashable | None = None
     output_ids: list[int] = field(default_factory=list)
     state: ReqState = ReqState.WAITING
-    slots: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    cached_len: int = 0
-    computed_len: int = 0
-    last_node: object = None
-    prompt_cached_tokens: int = 0  # prefix hit at first admission (preemption excluded)
-    prompt_cached_by_tier: dict[str, int] = field(default_factory=dict)
     finish_reason: str | None = None
-    matched_stop: object = None
-    text: str = ""
-    # output_ids[prefix_offset:read_offset] is already text: the incremental detokenizer's
-    # window (see StopChecker)
-    prefix_offset: int = 0
-    read_offset: int = 0
+    # the stop token id or stop string that ended it
+    matched_stop: int | str | None = None
+    kv: ReqKV = field(default_factory=ReqKV)
+    detok: Detokenized = field(default_factory=Detokenized)
+    logprobs: ReqLogprobs = field(default_factory=ReqLogprobs)
     arrival_s: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
     finish_s: float | None = None
-    admitted_once: bool = False
-    # (logprob, token id) per generated token; prompt ones keyed by position
-    output_logprobs: list[tuple[float, int]] = field(default_factory=list)
-    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
-    input_logprobs: dict[int, float] = field(default_factory=dict)
-    input_top_logprobs: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
-    # a read of its pages from the disk tier (ReqCacheManager.ready), or "done"
-    tier_read: object = None
     # structured output: an xgrammar matcher that has accepted exactly output_ids
-    grammar: object = None
-    # (src, dst) slots: the head of a cached page this request copies into its own first
-    # page instead of computing it, done by its next pass (ReqCacheManager.admit)
-    kv_copy: tuple[np.ndarray, np.ndarray] | None = None
-    # speculative decoding: how this request drafts (``drafts.DraftState``), None when off
-    draft_state: object = None
+    grammar: GrammarMatcher | None = None
+    # speculative decoding: how this request drafts, None when off
+    draft_state: DraftState | None = None
 
     @property
     def seq_len(self) -> int:
@@ -71,10 +64,15 @@ class Req:
         return np.concatenate([self.input_ids, np.asarray(self.output_ids, dtype=np.int32)])
 
     @property
+    def text(self) -> str:
+        return self.detok.text
+
+    @property
     def finished(self) -> bool:
         return self.state is ReqState.FINISHED
 
-    @property
-    def own_slots(self) -> np.ndarray:
-        """The slots this request allocated itself (whole pages)."""
-        return self.slots[self.cached_len :]
+    def finish(self, reason: str, matched: int | str | None = None) -> None:
+        """End the request: ``stop``, ``length``, ``abort`` or ``error: ...``; ``matched``
+        is the stop token or string that ended it."""
+        self.finish_reason, self.matched_stop = reason, matched
+        self.state = ReqState.FINISHED

@@ -12,8 +12,21 @@ not a decode of the whole output, for stop strings and streams alike.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from radixserve.engine.req import Req, ReqState
+if TYPE_CHECKING:
+    from radixserve.engine.req import Req
+
+
+@dataclass(eq=False)
+class Detokenized:
+    """A request's text so far; ``output_ids[prefix_offset:read_offset]`` is the window
+    already turned into text."""
+
+    text: str = ""
+    prefix_offset: int = 0
+    read_offset: int = 0
 
 
 class StopChecker:
@@ -26,41 +39,40 @@ class StopChecker:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def check(self, req: Req) -> None:
-        """After a new token: extend ``req.text`` and finish the request if it is done."""
-        p, token = req.params, req.output_ids[-1]
-        before = len(req.text)
-        text = req.text + self._new_text(req)
+        """After new tokens: extend the request's text and finish it if it is done."""
+        p, token, detok = req.params, req.output_ids[-1], req.detok
+        before = len(detok.text)
+        text = detok.text + self._new_text(req)
         stops = len(req.output_ids) >= p.min_new_tokens  # before that, no stop ends it
+        reason, matched = None, None
         if stops and (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos)):
-            req.finish_reason, req.matched_stop = "stop", token
+            reason, matched = "stop", token
         elif stops and p.stop and (hit := first_stop(text, p.stop, before)) is not None:
             text = text[: hit[0]]
-            req.finish_reason, req.matched_stop = "stop", hit[1]
+            reason, matched = "stop", hit[1]
         elif len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_len:
-            req.finish_reason = "length"
-        # One assignment: a stream reading from another thread never sees a stop string
-        # that is about to be cut.
-        req.text = text
-        if req.finish_reason is not None:
-            req.state = ReqState.FINISHED
+            reason = "length"
+        detok.text = text
+        if reason is not None:
+            req.finish(reason, matched)
 
     def finalize(self, req: Req) -> None:
         """At the end, add what the window still holds back (an unfinished character is
         kept as the replacement character), unless a stop string cut the text."""
-        if isinstance(req.matched_stop, str) or req.read_offset == len(req.output_ids):
+        detok, ids = req.detok, req.output_ids
+        if isinstance(req.matched_stop, str) or detok.read_offset == len(ids):
             return
-        ids = req.output_ids
-        window = self.decode(ids[req.prefix_offset : req.read_offset])
-        req.text += self.decode(ids[req.prefix_offset :])[len(window) :]
-        req.prefix_offset = req.read_offset = len(ids)
+        window = self.decode(ids[detok.prefix_offset : detok.read_offset])
+        detok.text += self.decode(ids[detok.prefix_offset :])[len(window) :]
+        detok.prefix_offset = detok.read_offset = len(ids)
 
     def _new_text(self, req: Req) -> str:
-        ids = req.output_ids
-        window = self.decode(ids[req.prefix_offset : req.read_offset])
-        text = self.decode(ids[req.prefix_offset :])
+        detok, ids = req.detok, req.output_ids
+        window = self.decode(ids[detok.prefix_offset : detok.read_offset])
+        text = self.decode(ids[detok.prefix_offset :])
         if len(text) <= len(window) or text.endswith("\ufffd"):
             return ""
-        req.prefix_offset, req.read_offset = req.read_offset, len(ids)
+        detok.prefix_offset, detok.read_offset = detok.read_offset, len(ids)
         return text[len(window) :]
 
 

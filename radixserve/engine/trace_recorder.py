@@ -33,7 +33,7 @@ class TraceRecorder:
     def record(self, req: Req) -> None:
         page = self.page_size
         # the prompt, and past it what the engine offered the cache
-        cached = req.seq()[: max(len(req.input_ids), req.computed_len)]
+        cached = req.seq()[: max(len(req.input_ids), req.kv.computed_len)]
         hashes = self._chain(cached, req.namespace)
         prompt_pages = len(req.input_ids) // page
         row = {

@@ -13,7 +13,7 @@ from tests.unit.test_scheduler import Harness, expected_output
 def long_outputs(h: Harness, n: int, rng, max_new_tokens: int = 200) -> list:
     """``n`` requests that are decoding (their prompts computed), oldest first."""
     reqs = [h.add(rng.integers(3, 900, 12).tolist(), max_new_tokens) for _ in range(n)]
-    while any(r.computed_len < r.seq_len - 1 or not r.output_ids for r in reqs):
+    while any(r.kv.computed_len < r.seq_len - 1 or not r.output_ids for r in reqs):
         h.step()
     return reqs
 

@@ -47,7 +47,7 @@ class FakeModel:
                 self.kv[int(dst)] = self.kv[int(src)]
         out = {}
         for w in batch.work:
-            seq, slots = np.concatenate([w.req.seq(), np.int32(w.draft)]), w.req.slots
+            seq, slots = np.concatenate([w.req.seq(), np.int32(w.draft)]), w.req.kv.slots
             assert len(slots) >= w.end
             for pos in range(w.start):
                 assert self.kv[int(slots[pos])] == (seq[pos], pos), (w.req.rid, pos)
@@ -204,7 +204,7 @@ def test_a_request_sharing_an_uncached_prefix_waits_a_step_and_hits_it():
     batch = h.step()
     assert [w.req for w in batch.work] == [a]  # b is held back
     h.run()
-    assert b.prompt_cached_tokens >= 64 and a.prompt_cached_tokens == 0
+    assert b.kv.prompt_cached_tokens >= 64 and a.kv.prompt_cached_tokens == 0
     off = Harness("off", page_size=4)
     a, b = off.add(first, max_new_tokens=1), off.add(second, max_new_tokens=1)
     batch = off.step()
@@ -242,7 +242,7 @@ def test_cached_page_heads_are_copied_so_a_prompt_computes_only_what_is_new():
     assert [r.output_ids for r in again] == [expected_output(prompt, 3)] * 3 + [
         expected_output(prompt[:30], 4)
     ]
-    assert [r.prompt_cached_tokens for r in again] == [31, 31, 31, 29]
+    assert [r.kv.prompt_cached_tokens for r in again] == [31, 31, 31, 29]
     assert h.allocator.num_used == h.cache.total_size
 
 

@@ -26,24 +26,24 @@ def record_logprobs(batch: ScheduleBatch, out: ForwardOutput, tokens: list[int])
         if req.params.prompt_logprobs:
             # Row r holds the distribution of the token at position item.start + r + 1.
             targets = range(item.start + 1, min(item.end + 1, len(req.input_ids)))
-            picked = [t for t in targets if t >= start and t not in req.input_logprobs]
+            picked = [t for t in targets if t >= start and t not in req.logprobs.prompt]
             if picked:
                 rows = torch.tensor([offset + t - 1 - item.start for t in picked])
                 ids = torch.from_numpy(req.input_ids[picked].astype("int64"))
                 logp = torch.log_softmax(out.all[rows].float(), dim=-1)
                 values = logp.gather(1, ids[:, None])[:, 0].tolist()
-                req.input_logprobs.update(zip(picked, values, strict=True))
+                req.logprobs.prompt.update(zip(picked, values, strict=True))
                 if req.params.top_logprobs_num:
-                    req.input_top_logprobs.update(zip(picked, _top(logp, req), strict=True))
+                    req.logprobs.prompt_top.update(zip(picked, _top(logp, req), strict=True))
         offset += n
 
 
 def append_logprobs(req: Req, logp: torch.Tensor, token: int) -> None:
     """Record a generated token's logprob (and the top alternatives, when asked) from the
     log-softmaxed distribution ``logp`` it was drawn from."""
-    req.output_logprobs.append((float(logp[token]), token))
+    req.logprobs.output.append((float(logp[token]), token))
     if req.params.top_logprobs_num:
-        req.output_top_logprobs.append(_top(logp[None], req)[0])
+        req.logprobs.output_top.append(_top(logp[None], req)[0])
 
 
 def _top(logp: torch.Tensor, req: Req) -> list[list[tuple[float, int]]]:

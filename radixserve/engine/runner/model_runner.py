@@ -79,7 +79,7 @@ class ModelRunner:
         return slots
 
     def forward(self, batch: ScheduleBatch) -> ForwardOutput:
-        requests = [ExtendRequest(_new_ids(w), w.req.slots[: w.end]) for w in batch.work]
+        requests = [ExtendRequest(_new_ids(w), w.req.kv.slots[: w.end]) for w in batch.work]
         every = not batch.decode and any(w.req.params.prompt_logprobs for w in batch.work)
         groups = [PrefixGroup(n, tuple(members)) for n, members in batch.prefix_groups]
         counts = [1 + len(w.draft) for w in batch.work]

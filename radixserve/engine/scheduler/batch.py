@@ -43,7 +43,7 @@ class ScheduleBatch:
     work: list[Work]
     # (shared_len, positions in work): requests whose first shared_len slots are one tree path
     prefix_groups: list[tuple[int, list[int]]] = field(default_factory=list)
-    # (src, dst) slots whose cached K/V the pass copies before it reads them (Req.kv_copy)
+    # (src, dst) slots whose cached K/V the pass copies before it reads them (ReqKV.page_copy)
     kv_copies: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
@@ -59,9 +59,9 @@ class ScheduleBatch:
 def take_copies(work: list[Work]) -> tuple[np.ndarray, np.ndarray] | None:
     """The cached K/V this pass copies for its requests before reading it (admission queued
     them; a request admitted in an earlier step's plan but not run yet too)."""
-    copies = [w.req.kv_copy for w in work if w.req.kv_copy is not None]
+    copies = [w.req.kv.page_copy for w in work if w.req.kv.page_copy is not None]
     for w in work:
-        w.req.kv_copy = None
+        w.req.kv.page_copy = None
     if not copies:
         return None
     return np.concatenate([c[0] for c in copies]), np.concatenate([c[1] for c in copies])
@@ -81,8 +81,8 @@ def prefix_groups(
     # A request may lock a longer match than it reads from the tree (prompt logprobs
     # recompute their span): only its first cached_len slots are the tree's.
     found = cache.shared_prefixes(
-        [work[i].req.last_node for i in members],
-        [work[i].req.cached_len for i in members],
+        [work[i].req.kv.last_node for i in members],
+        [work[i].req.kv.cached_len for i in members],
         rule.min_shared,
     )
     groups = []

@@ -18,22 +18,22 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from radixserve.cache import BasePrefixCache
 from radixserve.engine.metrics import EngineMetrics
-from radixserve.engine.req import Req
 from radixserve.memory import KVSlotAllocator
 
 if TYPE_CHECKING:  # the tier moves tensors; this bookkeeping stays torch-free
+    from radixserve.cache.base import CacheHandle
+    from radixserve.engine.req import Req
     from radixserve.memory.tiers.disk_tier import DiskTier
     from radixserve.memory.tiers.host_tier import HostTier
 
 _NO_SLOTS = np.empty(0, dtype=np.int64)
-TIER_DONE = "done"  # Req.tier_read once the tier has nothing more for the request
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,32 @@ class TierRead:
     start_page: int
     future: Future
     tiers: list[str]
+
+
+@dataclass(eq=False)
+class ReqKV:
+    """A request's slots and its lock in the prefix cache (the region map above), and how
+    much of its prompt the cache served; written here (the scheduler moves
+    ``computed_len`` as passes complete)."""
+
+    slots: np.ndarray = field(default_factory=lambda: _NO_SLOTS.copy())
+    cached_len: int = 0
+    computed_len: int = 0
+    last_node: CacheHandle | None = None
+    # (src, dst) slots: the head of a cached page copied into the request's own first page
+    # instead of computed, done by its next pass (``admit``)
+    page_copy: tuple[np.ndarray, np.ndarray] | None = None
+    # a read of its pages from the lower tiers, while one runs (``ready``)
+    tier_read: TierRead | None = None
+    tiers_checked: bool = False  # the tiers have nothing more for it
+    admitted_once: bool = False
+    prompt_cached_tokens: int = 0  # prefix hit at first admission (preemption excluded)
+    prompt_cached_by_tier: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def own_slots(self) -> np.ndarray:
+        """The slots this request allocated itself (whole pages)."""
+        return self.slots[self.cached_len :]
 
 
 class ReqCacheManager:
@@ -77,7 +103,7 @@ class ReqCacheManager:
         next page: the match runs into the page holding the token the request must compute
         (a prompt cached whole ends there), or a cached page begins with the tokens after
         the match (a shared prompt ends inside a page). That page's head is then copied into
-        the request's own first page by its next pass (``kv_copy``) instead of computed.
+        the request's own first page by its next pass (``page_copy``) instead of computed.
         """
         t0 = time.perf_counter()
         seq = req.seq()
@@ -85,26 +111,29 @@ class ReqCacheManager:
         self.metrics.lookup_s.append(time.perf_counter() - t0)
         last = self._last(req)
         before, host = hit.length, 0
-        if isinstance(req.tier_read, TierRead):
+        if req.kv.tier_read is not None:
             hit, host = self._install_read(req, hit, self._reach(last))
         # [before, hit.length) came from the lower tiers
         served, slots, owner = self.cache.serving_prefix(seq, hit, last)
         cached = served // self.page * self.page
         self.cache.lock(owner)  # the match and the copy's source page
-        req.last_node = owner
-        req.cached_len = req.computed_len = cached
-        req.slots = np.array(slots[:cached], dtype=np.int64)
+        req.kv.last_node = owner
+        req.kv.cached_len = req.kv.computed_len = cached
+        req.kv.slots = np.array(slots[:cached], dtype=np.int64)
         # [cached, served): under a page, so never whole and never adopted uncopied
         if served > cached and self.ensure_slots(req, served):
-            req.kv_copy = (np.array(slots[cached:served], dtype=np.int64), req.slots[cached:served])
-            req.computed_len = served
-        if not req.admitted_once:  # a preempted request's re-admission is not a new query
-            req.admitted_once = True
-            served = req.prompt_cached_tokens = req.computed_len
+            req.kv.page_copy = (
+                np.array(slots[cached:served], dtype=np.int64),
+                req.kv.slots[cached:served],
+            )
+            req.kv.computed_len = served
+        if not req.kv.admitted_once:  # a preempted request's re-admission is not a new query
+            req.kv.admitted_once = True
+            served = req.kv.prompt_cached_tokens = req.kv.computed_len
             lower = max(0, min(served, hit.length) - before)
             host = min(host, lower)
             disk = lower - host
-            req.prompt_cached_by_tier = {"device": served - lower, "host": host, "disk": disk}
+            req.kv.prompt_cached_by_tier = {"device": served - lower, "host": host, "disk": disk}
             self.metrics.admitted(len(req.input_ids), served)
             self.metrics.host_hit_tokens += host
             self.metrics.disk_hit_tokens += disk
@@ -112,20 +141,20 @@ class ReqCacheManager:
     def ready(self, req: Req) -> bool:
         """Whether ``req`` may be admitted now: not while the lower tiers read pages past
         what the cache matches for it (the read starts here, once per request)."""
-        if self.tier is None or req.tier_read is TIER_DONE:
+        if self.tier is None or req.kv.tiers_checked:
             return True
-        if req.tier_read is None:
+        if req.kv.tier_read is None:
             reach = self._reach(self._last(req))
             matched, _ = self.peek(req)
             start = matched // self.page
             keys = self.tier.keys(req.seq()[:reach], req.namespace)[start:]
             tiers = self.tier.where(keys)
             if matched >= reach or not tiers:
-                req.tier_read = TIER_DONE
+                req.kv.tiers_checked = True
                 return True
-            req.tier_read = TierRead(start, self.tier.read_async(keys[: len(tiers)]), tiers)
+            req.kv.tier_read = TierRead(start, self.tier.read_async(keys[: len(tiers)]), tiers)
             return False
-        return req.tier_read.future.done()
+        return req.kv.tier_read.future.done()
 
     def _last(self, req: Req) -> int:
         """How many of ``req``'s first tokens the cache may serve: all but the last (its
@@ -147,7 +176,8 @@ class ReqCacheManager:
         into fresh slots and the cache: the longer match and how many of its tokens came
         from host memory; ``hit`` (and 0) when they failed, no longer connect to it (the
         cache lost pages meanwhile), or do not fit."""
-        read, req.tier_read = req.tier_read, TIER_DONE
+        read, req.kv.tier_read = req.kv.tier_read, None
+        req.kv.tiers_checked = True
         rows = read.future.result()
         first = hit.length // self.page
         if rows is None or first < read.start_page or hit.length >= reach:
@@ -174,10 +204,10 @@ class ReqCacheManager:
         return self.cache.match_prefix(seq, req.namespace), host
 
     def ensure_slots(self, req: Req, positions: int, evict: bool = True) -> bool:
-        """Make ``req.slots`` cover ``positions`` positions, taking whole pages and evicting
+        """Make ``req.kv.slots`` cover ``positions`` positions, taking whole pages and evicting
         unlocked cache entries when the pool is short (unless not ``evict``); False (nothing
         changed) if they do not fit."""
-        missing = positions - len(req.slots)
+        missing = positions - len(req.kv.slots)
         if missing <= 0:
             return True
         needed = self.allocator.slots_needed(missing)
@@ -185,48 +215,48 @@ class ReqCacheManager:
             self.cache.evict(needed - self.allocator.num_free)
         if needed > self.allocator.num_free:
             return False
-        req.slots = np.concatenate([req.slots, self.allocator.alloc(missing)])
+        req.kv.slots = np.concatenate([req.kv.slots, self.allocator.alloc(missing)])
         return True
 
     def trim_slots(self, req: Req, positions: int) -> None:
         """Give back the request's own whole pages past the one holding position
         ``positions - 1`` (taken for draft tokens that were rejected)."""
-        keep = max(-(-positions // self.page) * self.page, req.cached_len)
-        if len(req.slots) > keep:
-            self.allocator.free(req.slots[keep:].copy())
-            req.slots = req.slots[:keep]
+        keep = max(-(-positions // self.page) * self.page, req.kv.cached_len)
+        if len(req.kv.slots) > keep:
+            self.allocator.free(req.kv.slots[keep:].copy())
+            req.kv.slots = req.kv.slots[:keep]
 
     def cache_computed(self, req: Req, *, release: bool) -> None:
         """Offer ``[0, computed_len)`` to the cache. Running on (``release=False``): the lock
         moves down to the newly cached end, so requests waiting on this prefix hit it.
         Releasing (finished, aborted, preempted): every slot the cache did not adopt goes
         back to the pool and the lock is dropped."""
-        n = req.computed_len
-        done = self.cache.insert(req.seq()[:n], req.slots[:n], req.namespace)
-        start = req.cached_len
+        n = req.kv.computed_len
+        done = self.cache.insert(req.seq()[:n], req.kv.slots[:n], req.namespace)
+        start = req.kv.cached_len
         # [start, prefix_len): pages the cache already had (another request computed them)
-        self.allocator.free(req.slots[start : max(start, done.prefix_len)].copy())
+        self.allocator.free(req.kv.slots[start : max(start, done.prefix_len)].copy())
         if release:
             if self.write_through and self.tier is not None:
                 self.tier.demote(req.seq()[: done.match.length], done.match.slots, req.namespace)
-            self.allocator.free(req.slots[max(start, done.match.length) :])
-            self.cache.unlock(req.last_node)
-            req.slots, req.last_node, req.kv_copy = _NO_SLOTS, None, None
+            self.allocator.free(req.kv.slots[max(start, done.match.length) :])
+            self.cache.unlock(req.kv.last_node)
+            req.kv.slots, req.kv.last_node, req.kv.page_copy = _NO_SLOTS, None, None
             return
         self.cache.lock(done.match.node)
-        self.cache.unlock(req.last_node)
-        req.slots[: done.match.length] = done.match.slots
-        req.cached_len, req.last_node = done.match.length, done.match.node
+        self.cache.unlock(req.kv.last_node)
+        req.kv.slots[: done.match.length] = done.match.slots
+        req.kv.cached_len, req.kv.last_node = done.match.length, done.match.node
 
     def release(self, req: Req) -> None:
         """Drop the lock and free the request's own slots without caching anything (it has
         computed nothing yet)."""
-        self.cache.unlock(req.last_node)
-        self.allocator.free(req.own_slots)
-        req.slots, req.last_node, req.kv_copy = _NO_SLOTS, None, None
-        req.cached_len = req.computed_len = 0
+        self.cache.unlock(req.kv.last_node)
+        self.allocator.free(req.kv.own_slots)
+        req.kv.slots, req.kv.last_node, req.kv.page_copy = _NO_SLOTS, None, None
+        req.kv.cached_len = req.kv.computed_len = 0
 
 
 def slots_held(running: list[Req]) -> int:
     """Slots running requests own outside the cache."""
-    return sum(len(r.own_slots) for r in running)
+    return sum(len(r.kv.own_slots) for r in running)

@@ -49,15 +49,20 @@ class Scheduler:
         finish_check: Callable[[Req], None],
         group_rule: PrefixGroupRule | None = None,
         drafter: Drafter | None = None,
+        jump_forward: Callable[[Req], list[int]] | None = None,
     ) -> None:
-        """``group_rule``: the prefix groups the attention backend runs (None: none);
-        ``drafter``: draft tokens for decoding requests (None: no speculative decoding)."""
+        """``finish_check``: after new tokens, finishes the request if it is done;
+        ``group_rule``: the prefix groups the attention backend runs (None: none);
+        ``drafter``: draft tokens for decoding requests (None: no speculative decoding);
+        ``jump_forward``: after a sampled token, the tokens its grammar forces next (it may
+        finish the request instead, when the grammar rejects the token)."""
         self.config = config
         self.drafter = drafter
         self.req_cache = req_cache
         self.metrics = metrics
         self.page = config.page_size
         self.finish_check = finish_check
+        self.jump_forward = jump_forward
         self.group_rule = group_rule
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -72,14 +77,14 @@ class Scheduler:
     def add(self, req: Req) -> None:
         self.waiting.append(req)
 
-    def abort(self, req: Req) -> None:
+    def abort(self, req: Req, reason: str = "abort") -> None:
+        """Finish ``req`` now (``abort`` or ``error: ...``), keeping what it computed."""
         if req in self.waiting:
             self.waiting.remove(req)
         elif req in self.running:
             self.running.remove(req)
             self.req_cache.cache_computed(req, release=True)
-        req.state = ReqState.FINISHED
-        req.finish_reason = req.finish_reason or "abort"
+        req.finish(reason)
 
     @property
     def has_work(self) -> bool:
@@ -89,7 +94,7 @@ class Scheduler:
     def dedup_ratio(self) -> float:
         """Context tokens running requests reference / distinct slots holding them (1.0 when
         nothing is shared)."""
-        parts = [r.slots[: r.computed_len] for r in self.running if r.computed_len]
+        parts = [r.kv.slots[: r.kv.computed_len] for r in self.running if r.kv.computed_len]
         if not parts:
             return 1.0
         referenced = sum(len(p) for p in parts)
@@ -139,7 +144,7 @@ class Scheduler:
             self.itl.observe(batch.features(), seconds)
 
     def _prefills_wait(self) -> bool:
-        return bool(self.waiting) or any(r.computed_len < r.seq_len - 1 for r in self.running)
+        return bool(self.waiting) or any(r.kv.computed_len < r.seq_len - 1 for r in self.running)
 
     def _budget(self, decode: list[Work]) -> PrefillBudget:
         tokens = self.config.chunked_prefill_size - sum(w.end - w.start for w in decode)
@@ -153,7 +158,7 @@ class Scheduler:
 
         def take(req: Req, others_wait: bool) -> bool:
             """Schedule ``req``'s next chunk; False when memory ran out."""
-            limit = budget.allow(req.computed_len)
+            limit = budget.allow(req.kv.computed_len)
             share = max(self.page, int(MAX_PREFILL_SHARE * budget.initial))
             cut = others_wait and limit > share
             end = self._chunk_end(req, share if cut else limit)
@@ -168,7 +173,7 @@ class Scheduler:
             work.append(item)
             return True
 
-        prefilling = [r for r in self.running if r.computed_len < r.seq_len - 1]
+        prefilling = [r for r in self.running if r.kv.computed_len < r.seq_len - 1]
         for i, req in enumerate(prefilling):  # unfinished chunked prefills go first
             if budget.exhausted:
                 break
@@ -196,7 +201,7 @@ class Scheduler:
         # instead of recomputing it.
         admitted = RadixCache(self.page)  # a few short paths
         for req in self.running:
-            if req.computed_len < req.seq_len - 1:
+            if req.kv.computed_len < req.seq_len - 1:
                 admitted.insert(req.seq(), np.zeros(req.seq_len, dtype=np.int64), req.namespace)
         for i, req in enumerate(ordered):
             if budget.exhausted or len(self.running) >= self.config.max_running_requests:
@@ -238,7 +243,7 @@ class Scheduler:
         """Where a chunk of at most ``limit`` tokens from ``start`` (the computed length)
         ends: at the sequence's end, or a middle chunk on a page boundary; None when not
         even a page fits."""
-        start = req.computed_len if start is None else start
+        start = req.kv.computed_len if start is None else start
         end = min(req.seq_len, start + limit)
         if end < req.seq_len:
             end = end // self.page * self.page
@@ -247,9 +252,9 @@ class Scheduler:
     def _reserve(self, req: Req, end: int) -> Work | None:
         """Slots for the chunk up to ``end``; None when memory ran out (a request that has
         computed nothing yet goes back to waiting)."""
-        start = req.computed_len
+        start = req.kv.computed_len
         if not self.req_cache.ensure_slots(req, end):
-            if start == req.cached_len or req.kv_copy is not None:  # nothing computed yet
+            if start == req.kv.cached_len or req.kv.page_copy is not None:  # nothing computed yet
                 self._return_to_waiting(req)  # wait for memory
             return None
         return Work(req, start, end)
@@ -260,7 +265,7 @@ class Scheduler:
         work: list[Work] = []
         scheduled: set[Req] = set()
         for req in sorted(self.running, key=lambda r: r.arrival_s):
-            if req not in self.running or req.computed_len != req.seq_len - 1:
+            if req not in self.running or req.kv.computed_len != req.seq_len - 1:
                 continue  # preempted for an older request, or still prefilling
             while not self.req_cache.ensure_slots(req, req.seq_len):
                 victim = max(
@@ -294,7 +299,7 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
             self.req_cache.release(req)
-        req.cached_len = req.computed_len = 0
+        req.kv.cached_len = req.kv.computed_len = 0
         req.state = ReqState.WAITING
         self.waiting.insert(0, req)
 
@@ -306,16 +311,15 @@ class Scheduler:
         finished = []
         for item in batch.work:
             req = item.req
-            req.computed_len = item.end
+            req.kv.computed_len = item.end
             if not item.decode:  # requests held back this step hit what was just computed
                 self.req_cache.cache_computed(req, release=False)
             if item.draft:
                 self._accept(item, next_tokens[req])
             elif item.samples:
-                req.output_ids.append(next_tokens[req][0])
-                self.finish_check(req)
+                self._append(req, next_tokens[req][0])
             elif item.reaches_end:  # a prefill-only request is done once its prompt is cached
-                req.finish_reason, req.state = "length", ReqState.FINISHED
+                req.finish("length")
             if req.finished:
                 self.running.remove(req)
                 self.req_cache.cache_computed(req, release=True)
@@ -324,19 +328,28 @@ class Scheduler:
 
     def _accept(self, item: Work, tokens: list[int]) -> None:
         """Append a verified draft's tokens until one finishes the request, or its grammar
-        appends forced tokens after one (the tokens after it were verified without them).
-        K/V is computed for the last token and the accepted drafts; the rejected drafts'
-        pages go back."""
+        forces tokens after one (the tokens after it were verified without them). K/V is
+        computed for the last token and the accepted drafts; the rejected drafts' pages go
+        back."""
         req = item.req
         taken = 0
         for token in tokens:
-            req.output_ids.append(token)
             taken += 1
-            length = len(req.output_ids)
-            self.finish_check(req)
-            if req.finished or len(req.output_ids) > length:
+            if self._append(req, token) or req.finished:
                 break
-        req.computed_len = min(item.start + taken, req.seq_len)
+        req.kv.computed_len = min(item.start + taken, req.seq_len)
         self.drafter.observe(req, len(item.draft), taken - 1)
         if not req.finished:
             self.req_cache.trim_slots(req, req.seq_len)
+
+    def _append(self, req: Req, token: int) -> bool:
+        """Append a sampled token and the tokens its grammar forces after it (jump-forward:
+        the next step computes them as one chunk), then see whether the request is done;
+        whether any were forced."""
+        req.output_ids.append(token)
+        forced = [] if self.jump_forward is None else self.jump_forward(req)
+        if req.finished:  # the grammar rejected the token
+            return False
+        req.output_ids.extend(forced)
+        self.finish_check(req)
+        return bool(forced)

@@ -2,11 +2,11 @@
 the matcher advanced on each new token, and jump-forward over text the grammar forces.
 
 The bitmasks of a step depend only on tokens already accepted, so they are filled on a
-worker thread while the step's forward pass runs. Jump-forward appends the forced tokens to
-the request's output without sampling them; the scheduler then sees a sequence longer than
-what is computed and runs those tokens as one extend chunk in the next step, instead of one
-decode step each. The tokens are xgrammar's (``find_jump_forward_tokens``), each accepted by
-the matcher in turn, so the model is fed exactly what the grammar accepts.
+worker thread while the step's forward pass runs. Jump-forward hands the tokens the grammar
+forces to the scheduler, which appends them to the request's output without sampling them
+and runs them as one extend chunk in the next step, instead of one decode step each. The
+tokens are xgrammar's (``find_jump_forward_tokens``), each accepted by the matcher in turn,
+so the model is fed exactly what the grammar accepts.
 
 A speculative draft is cut at its first token the grammar rejects (``drafts.draft_prefix``);
 its verification masks the distribution at each draft position with the bitmask of the
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from radixserve.engine.metrics import EngineMetrics
-from radixserve.engine.req import Req, ReqState
+from radixserve.engine.req import Req
 from radixserve.engine.runner.model_runner import Drafted
 from radixserve.engine.scheduler.batch import Work
 from radixserve.engine.stop import StopChecker
@@ -46,8 +46,11 @@ class Filled(NamedTuple):
 
 
 class ConstrainedDecoding:
-    def __init__(self, vocab_size: int, stop_token_ids, metrics: EngineMetrics) -> None:
+    def __init__(
+        self, vocab_size: int, stop_token_ids, context_len: int, metrics: EngineMetrics
+    ) -> None:
         self.vocab_size = vocab_size
+        self.context_len = context_len
         self.stop_token_ids = sorted(set(stop_token_ids))
         self.metrics = metrics
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="radixserve-bitmask")
@@ -130,23 +133,26 @@ class ConstrainedDecoding:
 
     # ---- after a token -------------------------------------------------------------------
 
-    def advance(self, req: Req, room: int) -> bool:
-        """Accept ``req``'s newest token and append up to ``room`` tokens the grammar forces
-        after it; False (the request finished with an error) if the grammar rejects it."""
+    def jump_forward(self, req: Req) -> list[int]:
+        """Accept ``req``'s newest token and return the tokens the grammar forces after it,
+        each accepted in turn (none without a grammar, or when the request asked for
+        logprobs); a token the grammar rejects finishes the request with an error."""
         matcher = req.grammar
+        if matcher is None:
+            return []
         if not matcher.accept_token(req.output_ids[-1]):
-            req.finish_reason = f"error: the grammar rejected token {req.output_ids[-1]}"
-            req.state = ReqState.FINISHED
-            return False
-        if req.params.jump_forward and not req.params.return_logprob and room > 0:
-            forced = []
+            req.finish(f"error: the grammar rejected token {req.output_ids[-1]}")
+            return []
+        p = req.params
+        room = min(p.max_new_tokens - len(req.output_ids), self.context_len - req.seq_len)
+        forced: list[int] = []
+        if p.jump_forward and not p.return_logprob and room > 0:
             for token in matcher.find_jump_forward_tokens()[:room]:
                 if not matcher.accept_token(token):
                     break
                 forced.append(token)
-            req.output_ids.extend(forced)
             self.metrics.jump_forward_tokens += len(forced)
-        return True
+        return forced
 
     def done(self, req: Req) -> bool:
         """Whether the grammar has ended: it took its stop token, or what has been accepted
@@ -162,21 +168,14 @@ class ConstrainedDecoding:
         allowed = self._probe[0].numpy().view(np.uint32)
         return not (allowed & self._not_stop).any()
 
-    def finish_check(self, stop: StopChecker, context_len: int) -> Callable[[Req], None]:
-        """What the scheduler runs after each new token: the grammar advances (and may
-        append forced tokens), then the usual checks; a grammar that has ended finishes
-        its request."""
+    def finish_check(self, stop: StopChecker) -> Callable[[Req], None]:
+        """What the scheduler runs after a request's new tokens: the usual checks, and a
+        grammar that has ended finishes its request."""
 
         def check(req: Req) -> None:
-            if req.grammar is not None:
-                room = min(
-                    req.params.max_new_tokens - len(req.output_ids), context_len - req.seq_len
-                )
-                if not self.advance(req, room):
-                    return
             stop.check(req)
             if req.grammar is not None and not req.finished and self.done(req):
-                req.finish_reason, req.state = "stop", ReqState.FINISHED
+                req.finish("stop")
 
         return check
 
