@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from radixserve.bench import report
-from radixserve.bench.report import Column, TableSpec, num
+from radixserve.bench import common
 from radixserve.cache import RadixCache
 from radixserve.cpu.native import load_native
 from radixserve.memory import KVSlotAllocator
+from radixserve.tables import Column, TableSpec, finish, num, plot
 
 VOCAB = 32000
 
@@ -82,13 +82,13 @@ class CacheBenchConfig:
         return [*shapes, PEER_SHAPE] if self.include_peer_shape else shapes
 
 
-def build_tree(shape: TreeShape, page_size: int, rng: np.random.Generator, native=True):
+def build_tree(shape: TreeShape, page_size: int, rng: np.random.Generator):
     """Insert every conversation turn by turn, as an engine would; returns the cache and the
     token sequence of each conversation's first turn."""
     pages = -(-shape.tree_tokens // page_size) + shape.num_prompts * (2 * shape.convs + 1)
     pages += 4000 * -(-shape.turn_len // page_size)  # room for the insert benchmark
-    matcher = load_native() if native else None
-    cache = RadixCache(page_size, KVSlotAllocator(pages * page_size, page_size), matcher=matcher)
+    allocator = KVSlotAllocator(pages * page_size, page_size)
+    cache = RadixCache(page_size, allocator, matcher=load_native())
     first_turns = []
     for _ in range(shape.num_prompts):
         prompt = tokens(rng, shape.prompt_len)
@@ -120,7 +120,7 @@ def bench_lookups(shape: TreeShape, page_size: int, cfg: CacheBenchConfig) -> li
         queries = [np.concatenate([first_turns[i], unseen_tokens(rng, 64)]) for i in picks]
         if any(cache.match_prefix(q).length != expected for q in queries[:8]):
             raise AssertionError("benchmark tree does not hit the expected length")
-        match_rounds.append(report.per_call(queries, cache.match_prefix))
+        match_rounds.append(common.per_call(queries, cache.match_prefix))
         # Each insert extends one query's path by a new turn, as a finished request does: the
         # prefix's slots come from the tree, the new turn's are allocated beforehand.
         grown = []
@@ -129,7 +129,7 @@ def bench_lookups(shape: TreeShape, page_size: int, cfg: CacheBenchConfig) -> li
             fresh = cache.allocator.alloc(shape.turn_len)[: shape.turn_len]
             seq = np.concatenate([q[: prefix.length], tokens(rng, shape.turn_len)])
             grown.append((seq, np.concatenate([prefix.slots, fresh])))
-        insert_rounds.append(report.per_call(grown, lambda a: cache.insert(*a)))
+        insert_rounds.append(common.per_call(grown, lambda a: cache.insert(*a)))
     row = {"group": shape.name, "page_size": page_size, "tree_tokens": shape.tree_tokens}
     row["hit_len"] = expected
     return [
@@ -151,7 +151,7 @@ def bench_eviction(page_size: int, cfg: CacheBenchConfig) -> dict:
             insert(cache, np.concatenate([prompt, tokens(rng, leaf_len)]))
     leaves = cache.num_evictable_leaves
     rounds = [
-        report.per_call(range(cfg.evictions), lambda _: cache.evict(1)) for _ in range(cfg.rounds)
+        common.per_call(range(cfg.evictions), lambda _: cache.evict(1)) for _ in range(cfg.rounds)
     ]
     return {
         "group": "eviction",
@@ -219,19 +219,19 @@ QUICK = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    report.add_options(p, CacheBenchConfig, "page_sizes", plot=True)
+    common.add_options(p, CacheBenchConfig, "page_sizes", plot=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = report.configure(CacheBenchConfig, args, QUICK)
+    cfg = common.configure(CacheBenchConfig, args, QUICK)
     total = len(cfg.page_sizes) * (len(cfg.shapes()) + 1)
-    rows = report.with_progress("bench cache", total, lambda step: run_cache_bench(cfg, step))
+    rows = common.with_progress("bench cache", total, lambda step: run_cache_bench(cfg, step))
     lines = [r | {"line": f"page {r['page_size']}, {r['group']}"} for r in rows]
     matches = [r for r in lines if r["op"] == "match"]
-    return report.finish(
+    return finish(
         args,
         cfg,
         {"rows": rows},
         TABLES,
-        lambda path: report.plot(path, matches, "hit_len", ["p50_us"], "line", logx=True),
+        lambda path: plot(path, matches, "hit_len", ["p50_us"], "line", logx=True),
     )

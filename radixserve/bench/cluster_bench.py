@@ -7,16 +7,16 @@ the whole machine (``single``: the hit rate routing aims at), alternating round 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import time
 from dataclasses import dataclass
 
 import httpx
 
-from radixserve.bench import report
-from radixserve.bench.http_load import ChatLoad, drive, free_port, median_row, summarize
-from radixserve.bench.report import Column, Step, TableSpec, num, pct, times
+from radixserve.bench import common, http_load
+from radixserve.bench.common import Step
+from radixserve.bench.http_load import ChatLoad, drive, free_port, median_row
+from radixserve.tables import Column, TableSpec, finish, num, pct, plot, times
 
 ROUTERS = ("prefix", "round-robin", "power-of-two")
 
@@ -35,8 +35,7 @@ class ClusterBenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if unknown := set(self.routers) - set(ROUTERS):
-            raise ValueError(f"unknown routers {sorted(unknown)}; choose from {list(ROUTERS)}")
+        common.check_choices("router", self.routers, ROUTERS)
 
 
 def run_one(cfg: ClusterBenchConfig, label: str, url: str) -> dict:
@@ -63,11 +62,7 @@ def run_one(cfg: ClusterBenchConfig, label: str, url: str) -> dict:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{replicas} replicas never came up")
         time.sleep(0.5)
-    for _ in range(2 * replicas):  # the first forward of each replica pays its set-up
-        httpx.post(
-            url + "/v1/completions", json={"prompt": "warm up", "max_tokens": 2}, timeout=120
-        )
-    httpx.post(url + "/flush_cache", timeout=60)
+    http_load.warm_and_flush(url, times=2 * replicas)  # each replica's first forward pays set-up
     load = ChatLoad(
         requests=cfg.requests,
         request_rate=cfg.request_rate,
@@ -77,7 +72,7 @@ def run_one(cfg: ClusterBenchConfig, label: str, url: str) -> dict:
         zipf=1.1,
         seed=cfg.seed,
     )
-    row = summarize(*asyncio.run(drive(url, load)))
+    row = drive(url, load)
     serve.delete("radixserve")
     return row
 
@@ -95,7 +90,7 @@ def run_cluster_bench(cfg: ClusterBenchConfig, step: Step) -> dict:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"
-        runs = report.run_rounds(
+        runs = common.run_rounds(
             ("single", *cfg.routers), cfg.rounds, lambda label: run_one(cfg, label, url), step
         )
     finally:
@@ -107,8 +102,7 @@ def run_cluster_bench(cfg: ClusterBenchConfig, step: Step) -> dict:
         row = median_row(label, rounds)
         row["hit_vs_single"] = row["hit_rate"] / max(single, 1e-9)
         if "round-robin" in runs:
-            base = [r["req_s"] for r in runs["round-robin"]]
-            row |= report.paired("req_s_vs_rr", [r["req_s"] for r in rounds], base)
+            row |= common.paired("req_s_vs_rr", rounds, runs["round-robin"], "req_s")
         rows.append(row)
     return {"rows": rows}
 
@@ -142,16 +136,16 @@ QUICK = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     names = "replicas routers requests request_rate rounds"
     helps = {"request_rate": "Poisson; inf: all at once"}
-    report.add_options(p, ClusterBenchConfig, names, plot=True, **helps)
+    common.add_options(p, ClusterBenchConfig, names, plot=True, **helps)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = report.configure(ClusterBenchConfig, args, QUICK)
+    cfg = common.configure(ClusterBenchConfig, args, QUICK)
     total = cfg.rounds * (1 + len(cfg.routers))
-    result = report.with_progress("bench cluster", total, lambda step: run_cluster_bench(cfg, step))
+    result = common.with_progress("bench cluster", total, lambda step: run_cluster_bench(cfg, step))
 
     def chart(path: str) -> None:
         ys = ["hit_rate", "req_s", "ttft_p99_ms"]
-        report.plot(path, result["rows"], "config", ys, "config", bars=True)
+        plot(path, result["rows"], "config", ys, "config", bars=True)
 
-    return report.finish(args, cfg, result, TABLES, chart)
+    return finish(args, cfg, result, TABLES, chart)

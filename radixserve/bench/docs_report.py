@@ -25,8 +25,8 @@ from collections.abc import Callable
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from radixserve.bench.report import Column, machine, markdown_table
 from radixserve.cpu.profile import CpuProfile
+from radixserve.tables import Column, machine, markdown_table
 
 SECTIONS = ("demo", "serving", "vllm", "serve", "model", "quantized", "kernels", "cache")
 SECTIONS += ("simulate", "tiers")

@@ -1,8 +1,6 @@
-"""Driving a server over HTTP: the streamed chat load (users under a few long shared system
-prompts, Poisson arrivals, at most ``concurrency`` streams open), each request's record and
-their summary, and a ``radixserve serve`` child process to drive. ``bench serve`` and
-``bench cluster`` load servers with it; the end-to-end tests start servers with it.
-"""
+"""The streamed chat load the benchmarks put on a server over HTTP, and its summary.
+``ServerProcess``, ``radixserve serve`` in a child process, starts the end-to-end tests'
+servers too."""
 
 from __future__ import annotations
 
@@ -25,6 +23,9 @@ import numpy as np
 
 from radixserve.model.tokenizer import corpus
 from radixserve.server.app import SHUTDOWN_COMPLETE
+
+# Where servers empty their prefix cache: ours and SGLang's, vLLM's (VLLM_SERVER_DEV_MODE=1)
+FLUSH_ROUTES = ("/flush_cache", "/reset_prefix_cache")
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,6 @@ class RequestRecord:
     cached_tokens: int = 0
     completion_tokens: int = 0
 
-    @property
-    def ok(self) -> bool:
-        return not self.error
-
 
 async def _stream_chat(client: httpx.AsyncClient, body: dict) -> RequestRecord:
     rec = RequestRecord()
@@ -121,10 +118,17 @@ async def _stream_chat(client: httpx.AsyncClient, body: dict) -> RequestRecord:
     return rec
 
 
-async def drive(
+def drive(
     url: str, load: ChatLoad, model: str | None = None, on_done: Callable[[], None] = lambda: None
+) -> dict:
+    """Send every chat at the load's rate and concurrency (``on_done`` after each): the
+    summary of what the streams saw."""
+    return summarize(*asyncio.run(_send(url, load, model, on_done)))
+
+
+async def _send(
+    url: str, load: ChatLoad, model: str | None, on_done: Callable[[], None]
 ) -> tuple[list[RequestRecord], float]:
-    """Send every chat at the load's rate and concurrency; returns records and seconds."""
     gate = asyncio.Semaphore(load.concurrency)
     rng = np.random.default_rng(load.seed)
     limits = httpx.Limits(max_connections=load.concurrency, max_keepalive_connections=0)
@@ -154,7 +158,7 @@ async def drive(
 
 
 def summarize(records: list[RequestRecord], seconds: float) -> dict:
-    done = [r for r in records if r.ok]
+    done = [r for r in records if not r.error]
     ttft = [r.ttft_s for r in done] or [float("nan")]
     itl = [x for r in done for x in r.itl_s] or [float("nan")]
     prompt = sum(r.prompt_tokens for r in done)
@@ -169,8 +173,18 @@ def summarize(records: list[RequestRecord], seconds: float) -> dict:
         "itl_p50_ms": 1000 * float(np.percentile(itl, 50)),
         "itl_p99_ms": 1000 * float(np.percentile(itl, 99)),
         "hit_rate": sum(r.cached_tokens for r in done) / prompt if prompt else 0.0,
-        "first_error": next((r.error for r in records if not r.ok), ""),
+        "first_error": next((r.error for r in records if r.error), ""),
     }
+
+
+def warm_and_flush(url: str, model: str | None = None, times: int = 1) -> bool:
+    """``times`` short requests (first-call costs, compilation, stay out of the figures), then
+    an empty prefix cache, so every round starts cold; False when no flush route answered."""
+    warm = {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2}
+    warm |= {} if model is None else {"model": model}
+    for _ in range(times):
+        httpx.post(url + "/v1/chat/completions", json=warm, timeout=300.0).raise_for_status()
+    return any(httpx.post(url + r, timeout=60.0).status_code == 200 for r in FLUSH_ROUTES)
 
 
 def median_row(label: str, runs: list[dict]) -> dict:

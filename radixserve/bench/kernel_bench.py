@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,13 +26,14 @@ from radixserve.attention import (
     PrefixGroup,
     TorchAttentionBackend,
 )
-from radixserve.bench import report
-from radixserve.bench.report import Column, Step, TableSpec, num, times
+from radixserve.bench import common
+from radixserve.bench.common import BandwidthProbe, Step
 from radixserve.cpu import probe_cpu_profile
 from radixserve.cpu.linear import cpu_linear, pack
 from radixserve.cpu.native import load_native
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model.presets import preset_hf_config
+from radixserve.tables import Column, TableSpec, finish, num, plot, times
 
 
 @dataclass(frozen=True)
@@ -49,32 +49,6 @@ class KernelBenchConfig:
     page_size: int = 16
     reps: int = 5
     seed: int = 0
-
-
-class BandwidthProbe:
-    """A torch sum (all threads) over a tensor larger than the caches: it only reads, as a
-    kernel streaming weights or K/V does, so the bytes a case must read over this bandwidth
-    are that case's limit (timed beside the case, so a slow spell slows the limit too)."""
-
-    def __init__(self) -> None:
-        # twice the last-level cache, and at least 256 MiB
-        sizes = [256 << 20]
-        for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-            text = index.read_text().strip()
-            sizes.append(
-                2 * int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1], 0)
-            )
-        self.src = torch.ones(max(sizes) // 4)
-
-    def read(self) -> None:
-        self.src.sum()
-
-    def bandwidth(self, seconds: float) -> float:
-        return self.src.numel() * 4 / seconds
-
-    def measure(self, reps: int = 5) -> float:
-        """Bytes/s, the median of ``reps`` reads."""
-        return self.bandwidth(report.time_alternating({"read": self.read}, reps)["read"])
 
 
 def run_kernel_bench(cfg: KernelBenchConfig, step: Step) -> dict:
@@ -97,11 +71,8 @@ def run_kernel_bench(cfg: KernelBenchConfig, step: Step) -> dict:
         for n in cfg.linear_rows:
             linear.append(linear_row(hf, dtype, n, probe, cfg))
             step(f"linear {name} {n} rows")
-    return {
-        "read_gb_s": float(np.median([r["read_gb_s"] for r in rows])),
-        "rows": rows,
-        "linear": linear,
-    }
+    read_gb_s = float(np.median([r["read_gb_s"] for r in rows]))
+    return {"read_gb_s": read_gb_s, "rows": rows, "linear": linear}
 
 
 @dataclass(frozen=True)
@@ -144,14 +115,10 @@ class _Shape:
         pool, slots = self.pool(prefix + batch * suffix)
         own = [slots[prefix + i * suffix : prefix + (i + 1) * suffix] for i in range(batch)]
         reqs = [ExtendRequest([0], np.concatenate([slots[:prefix], s])) for s in own]
-        native = NativeAttentionBackend(
-            pool, self.heads, self.kv_heads, self.head_dim, self.head_dim**-0.5, probe_cpu_profile()
-        )
+        args = (pool, self.heads, self.kv_heads, self.head_dim, self.head_dim**-0.5)
+        native = NativeAttentionBackend(*args, probe_cpu_profile())
         group = [PrefixGroup(prefix, tuple(range(batch)))]
-        calls = {
-            "plain": self._forward(native, reqs),
-            "native": self._forward(native, reqs, group),
-        }
+        calls = {"plain": self._forward(native, reqs), "native": self._forward(native, reqs, group)}
         case = f"{batch} x ({prefix} shared + {suffix})"
         return self._row("cascade", case, calls, prefix + batch * suffix)
 
@@ -164,16 +131,9 @@ class _Shape:
         return lambda: backend.forward(0, q, kv, kv, batch)
 
     def _row(self, kernel: str, case: str, calls: dict, tokens: int) -> dict:
-        t = report.time_alternating({**calls, "read": self.probe.read}, self.cfg.reps)
         nbytes = 2 * tokens * self.kv_heads * self.head_dim * self.dtype.itemsize
-        base = "torch" if "torch" in t else "plain"
-        return _limits(t, nbytes, self.probe) | {
-            "kernel": kernel,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "case": case,
-            f"{base}_ms": t[base] * 1e3,
-            "speedup": t[base] / t["native"],
-        }
+        row = _against_read(calls, nbytes, self.dtype, case, self.probe, self.cfg.reps)
+        return {"kernel": kernel} | row
 
 
 def linear_row(hf, dtype: torch.dtype, n: int, probe: BandwidthProbe, cfg) -> dict:
@@ -194,23 +154,22 @@ def linear_row(hf, dtype: torch.dtype, n: int, probe: BandwidthProbe, cfg) -> di
     calls = {
         "torch": lambda: [F.linear(x[w.shape[1]], w) for w in weights],
         "native": lambda: [cpu_linear(x[w.shape[1]], w, None, profile, p) for w, p in pairs],
-        "read": probe.read,
     }
-    t = report.time_alternating(calls, cfg.reps)
     nbytes = sum(w.numel() for w in weights) * dtype.itemsize
-    return _limits(t, nbytes, probe) | {
-        "dtype": str(dtype).removeprefix("torch."),
-        "case": f"{n} rows x {layers} layers",
-        "weight_mb": nbytes / 1e6,
-        "torch_ms": t["torch"] * 1e3,
-        "speedup": t["torch"] / t["native"],
-    }
+    row = _against_read(calls, nbytes, dtype, f"{n} rows x {layers} layers", probe, cfg.reps)
+    return row | {"weight_mb": nbytes / 1e6}
 
 
-def _limits(t: dict[str, float], nbytes: int, probe: BandwidthProbe) -> dict:
-    """The native time against the time to read ``nbytes`` at the probe's bandwidth."""
-    read = probe.bandwidth(t["read"])
+def _against_read(calls: dict, nbytes: int, dtype, case: str, probe: BandwidthProbe, reps) -> dict:
+    """The median times of ``calls`` (``native`` against ``torch`` or ``plain``), the probe
+    read beside them: the native time against the time to read ``nbytes`` at its bandwidth."""
+    t = common.time_alternating({**calls, "read": probe.read}, reps)
+    read, base = probe.bandwidth(t["read"]), "torch" if "torch" in t else "plain"
     return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "case": case,
+        f"{base}_ms": t[base] * 1e3,
+        "speedup": t[base] / t["native"],
         "native_ms": t["native"] * 1e3,
         "read_limit_ms": nbytes / read * 1e3,
         "of_read_limit": t["native"] / (nbytes / read),
@@ -261,17 +220,17 @@ QUICK = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    report.add_options(p, KernelBenchConfig, "dtypes reps", plot=True, reps="calls per case")
+    common.add_options(p, KernelBenchConfig, "dtypes reps", plot=True, reps="calls per case")
 
 
 def run(args: argparse.Namespace) -> int:
     if load_native() is None:
         print("the native kernels could not be built (see the log above)")
         return 1
-    cfg = report.configure(KernelBenchConfig, args, QUICK)
+    cfg = common.configure(KernelBenchConfig, args, QUICK)
     cells = len(cfg.batches) * len(cfg.contexts) + len(cfg.extends) + len(cfg.linear_rows)
     total = cells * len(cfg.dtypes)
-    out = report.with_progress("bench kernels", total, lambda step: run_kernel_bench(cfg, step))
+    out = common.with_progress("bench kernels", total, lambda step: run_kernel_bench(cfg, step))
     print(f"memory read bandwidth {out['read_gb_s']:.1f} GB/s (median)")
     decode = []
     for r in out["rows"]:
@@ -281,6 +240,6 @@ def run(args: argparse.Namespace) -> int:
 
     def chart(path: str) -> None:
         ys = ["native_ms", "torch_ms"]
-        report.plot(path, decode, "context", ys, "line", logx=True, logy=True)
+        plot(path, decode, "context", ys, "line", logx=True, logy=True)
 
-    return report.finish(args, cfg, out, TABLES, chart)
+    return finish(args, cfg, out, TABLES, chart)

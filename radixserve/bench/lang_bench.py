@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from radixserve.bench import report
-from radixserve.bench.report import Column, Step, TableSpec, num, pct, times
-from radixserve.bench.workloads import optimal_hit_rate
+from radixserve.bench import common
+from radixserve.bench.common import Step
 from radixserve.engine import Engine, SamplingParams
 from radixserve.lang import EngineBackend, assistant, function, gen, system, user
 from radixserve.model.tokenizer import corpus
+from radixserve.sim.optimal import optimal_hit_rate
+from radixserve.tables import Column, TableSpec, finish, num, pct, times
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,7 @@ class LangBenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if unknown := set(self.programs) - set(PROGRAMS):
-            raise ValueError(f"unknown programs {sorted(unknown)}; choose from {list(PROGRAMS)}")
+        common.check_choices("program", self.programs, PROGRAMS)
 
 
 class RecordingBackend(EngineBackend):
@@ -146,15 +146,12 @@ def run_once(cfg: LangBenchConfig, program: str, cache: str) -> dict:
 def run_lang_bench(cfg: LangBenchConfig, step: Step) -> list[dict]:
     rows = []
     for program in cfg.programs:
-        runs = report.run_rounds(
+        runs = common.run_rounds(
             ["radix", "off"], cfg.rounds, partial(run_once, cfg, program), step
         )
-        off = [r["seconds"] for r in runs["off"]]
         for rounds in runs.values():
-            rows.append(
-                report.median_round(rounds)
-                | report.paired("speedup", off, [r["seconds"] for r in rounds])
-            )
+            speedup = common.paired("speedup", runs["off"], rounds, "seconds")
+            rows.append(common.median_round(rounds) | speedup)
     return rows
 
 
@@ -178,11 +175,11 @@ QUICK = {"few_shot_questions": 12, "tot_programs": 2, "tot_width": 2, "max_token
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    report.add_options(p, LangBenchConfig, "programs rounds")
+    common.add_options(p, LangBenchConfig, "programs rounds")
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = report.configure(LangBenchConfig, args, QUICK)
+    cfg = common.configure(LangBenchConfig, args, QUICK)
     total = len(cfg.programs) * 2 * cfg.rounds
-    rows = report.with_progress("bench lang", total, lambda step: run_lang_bench(cfg, step))
-    return report.finish(args, cfg, {"rows": rows}, TABLES)
+    rows = common.with_progress("bench lang", total, lambda step: run_lang_bench(cfg, step))
+    return finish(args, cfg, {"rows": rows}, TABLES)

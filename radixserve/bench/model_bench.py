@@ -22,9 +22,8 @@ import numpy as np
 import torch
 
 from radixserve.attention import ExtendRequest, ForwardBatch, create_attention_backend
-from radixserve.bench import report
-from radixserve.bench.kernel_bench import BandwidthProbe
-from radixserve.bench.report import Column, Step, TableSpec, num
+from radixserve.bench import common
+from radixserve.bench.common import BandwidthProbe, Step
 from radixserve.bench.transformers_peer import decoder, prefill, transformers_twin
 from radixserve.cpu import probe_cpu_profile
 from radixserve.memory import KVSlotAllocator
@@ -32,6 +31,7 @@ from radixserve.memory.host_malloc import keep_freed_memory
 from radixserve.memory.kv_pool import KVPool
 from radixserve.model.loader import LoadedModel, load_model
 from radixserve.model.quantized_model import quantized_modules
+from radixserve.tables import Column, TableSpec, finish, num
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,8 @@ class _Ours:
         self.allocator = KVSlotAllocator(slots, page)
         dtype = next(loaded.model.parameters()).dtype
         pool = KVPool(c.num_layers, slots, page, c.num_kv_heads, c.head_dim, dtype)
-        self.backend = create_attention_backend(
-            cfg.attention_backend,
-            pool,
-            c.num_heads,
-            c.num_kv_heads,
-            c.head_dim,
-            c.head_dim**-0.5,
-            profile,
-        )
+        heads = (c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim**-0.5)
+        self.backend = create_attention_backend(cfg.attention_backend, pool, *heads, profile)
 
     def forward(self, requests: list[ExtendRequest]) -> torch.Tensor:
         return self.model(ForwardBatch.create(requests, self.page_size), self.backend).last
@@ -137,7 +130,7 @@ def run_model_bench(cfg: ModelBenchConfig, step: Step = lambda label: None) -> l
             calls = {"ours": partial(ours.prefill, ids), "theirs": partial(prefill, theirs, ids)}
             read = read_bytes(loaded, 0, 1) / read_rate
             rows.append(
-                _row(weights, f"prefill {n}", n, report.time_alternating(calls, cfg.reps), read)
+                _row(weights, f"prefill {n}", n, common.time_alternating(calls, cfg.reps), read)
             )
         for b in cfg.decode_batches:
             step(f"{weights} decode batch {b}")
@@ -146,7 +139,7 @@ def run_model_bench(cfg: ModelBenchConfig, step: Step = lambda label: None) -> l
                 "theirs": decoder(theirs, b, cfg.context),
             }
             read = read_bytes(loaded, b * cfg.context, b) / read_rate
-            t = report.time_alternating(calls, cfg.decode_steps)
+            t = common.time_alternating(calls, cfg.decode_steps)
             rows.append(_row(weights, f"decode {b} x {cfg.context}", b, t, read))
         for row in rows:
             row.setdefault("attention", ours.backend.name)
@@ -202,13 +195,13 @@ QUICK = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     helps = {"attention_backend": "auto, torch or native"}
     helps["quantize"] = "none, auto (a GGUF file's own formats), int8, int4"
-    report.add_options(p, ModelBenchConfig, "dtypes quantize attention_backend", **helps)
+    common.add_options(p, ModelBenchConfig, "dtypes quantize attention_backend", **helps)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = report.configure(ModelBenchConfig, args, QUICK)
+    cfg = common.configure(ModelBenchConfig, args, QUICK)
     cases = len(cfg.dtypes) * len(cfg.quantize)
     total = cases * (len(cfg.prefill_lens) + len(cfg.decode_batches))
-    rows = report.with_progress("bench model", total, lambda step: run_model_bench(cfg, step))
+    rows = common.with_progress("bench model", total, lambda step: run_model_bench(cfg, step))
     print(f"{cfg.model}, {torch.get_num_threads()} threads")
-    return report.finish(args, cfg, {"rows": rows}, TABLES)
+    return finish(args, cfg, {"rows": rows}, TABLES)

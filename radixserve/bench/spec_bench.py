@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from radixserve.bench import report
-from radixserve.bench.report import Column, Step, TableSpec, num, pct, times
+from radixserve.bench import common
+from radixserve.bench.common import Step
 from radixserve.engine import Engine, SamplingParams
 from radixserve.model.tokenizer import corpus
+from radixserve.tables import Column, TableSpec, finish, num, pct, times
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -101,34 +101,30 @@ def run_once(engine: Engine, chats: list, concurrency: int, cfg: SpecBenchConfig
     params = SamplingParams(max_new_tokens=cfg.max_tokens, temperature=0)
     ids = [engine.apply_chat_template(c, add_generation_prompt=True) for c in chats]
     assert engine.flush_cache()
-    before = engine.cache_stats()
-    start = time.perf_counter()
+
+    def one(x: list[int]) -> dict:
+        return engine.generate(input_ids=x, sampling_params=params)
+
     with ThreadPoolExecutor(concurrency) as pool:
-        outs = list(pool.map(lambda x: engine.generate(input_ids=x, sampling_params=params), ids))
-    seconds = time.perf_counter() - start
-    after = engine.cache_stats()
-    delta = {k: after[k] - before[k] for k in ("decode_s", "decode_tokens", "verify_steps")}
-    delta |= {k: after[k] - before[k] for k in ("draft_tokens", "accepted_tokens")}
+        outs, seconds, delta = common.timed(engine, lambda: list(pool.map(one, ids)))
     tokens = sum(len(o["token_ids"]) for o in outs)
     return {
         "seconds": seconds,
         "tok_s": tokens / seconds,
         "decode_tok_s": delta["decode_tokens"] / delta["decode_s"],
         "drafted": delta["draft_tokens"],
-        "accepted": delta["accepted_tokens"] / delta["draft_tokens"]
-        if delta["draft_tokens"]
-        else 0,
+        "accepted": delta["accepted_tokens"] / max(delta["draft_tokens"], 1),
         "per_verify": delta["accepted_tokens"] / max(delta["verify_steps"], 1),
         "outputs": [o["token_ids"] for o in outs],
     }
 
 
 def run_spec_bench(cfg: SpecBenchConfig, step: Step = lambda label: None) -> dict:
-    common = dict(quantize=cfg.quantize, page_size=16, seed=cfg.seed)
+    options = dict(quantize=cfg.quantize, page_size=16, seed=cfg.seed)
     engines = {
-        "off": Engine(cfg.model, **common),
+        "off": Engine(cfg.model, **options),
         "on": Engine(
-            cfg.model, speculative="ngram", speculative_tokens=cfg.speculative_tokens, **common
+            cfg.model, speculative="ngram", speculative_tokens=cfg.speculative_tokens, **options
         ),
     }
     rows, pairs = [], []
@@ -137,20 +133,15 @@ def run_spec_bench(cfg: SpecBenchConfig, step: Step = lambda label: None) -> dic
             chats = workload(name, cfg.requests, cfg.questions, cfg.users)
             for c in cfg.concurrency:
                 run = lambda k, chats=chats, c=c: run_once(engines[k], chats, c, cfg)  # noqa: E731
-                runs = report.run_rounds(list(engines), cfg.rounds, run, step)
+                runs = common.run_rounds(list(engines), cfg.rounds, run, step)
                 same = all(r["outputs"] == runs["off"][0]["outputs"] for r in runs["on"])
                 for label, rounds in runs.items():
-                    row = {k: v for k, v in report.median_round(rounds).items() if k != "outputs"}
+                    row = {k: v for k, v in common.median_round(rounds).items() if k != "outputs"}
                     rows.append({"workload": name, "concurrency": c, "config": label, **row})
                 off, on = runs["off"], runs["on"]
                 pair = {"workload": name, "concurrency": c, "same": "yes" if same else "NO"}
-                pair |= report.paired(
-                    "speedup", [r["seconds"] for r in off], [r["seconds"] for r in on]
-                )
-                decode = report.paired(
-                    "decode", [r["decode_tok_s"] for r in on], [r["decode_tok_s"] for r in off]
-                )
-                pairs.append(pair | decode)
+                pair |= common.paired("speedup", off, on, "seconds")
+                pairs.append(pair | common.paired("decode", on, off, "decode_tok_s"))
     finally:
         for engine in engines.values():
             engine.shutdown()
@@ -199,14 +190,14 @@ QUICK = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     names = "quantize workloads concurrency requests questions users max_tokens"
     names += " speculative_tokens rounds"
-    report.add_options(p, SpecBenchConfig, names)
+    common.add_options(p, SpecBenchConfig, names)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = report.configure(SpecBenchConfig, args, QUICK)
+    cfg = common.configure(SpecBenchConfig, args, QUICK)
     total = len(cfg.workloads) * len(cfg.concurrency) * 2 * cfg.rounds
-    data = report.with_progress("bench spec", total, lambda step: run_spec_bench(cfg, step))
-    failed = report.finish(args, cfg, data, TABLES)
+    data = common.with_progress("bench spec", total, lambda step: run_spec_bench(cfg, step))
+    failed = finish(args, cfg, data, TABLES)
     if any(p["same"] != "yes" for p in data["pairs"]):
         print("speculative decoding changed greedy outputs")
         return 1

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from dataclasses import dataclass
 
-from radixserve.bench import report
-from radixserve.bench.report import Column, Step, TableSpec, num, pct, times
+from radixserve.bench import common
+from radixserve.bench.common import Step
 from radixserve.engine import Engine, SamplingParams
 from radixserve.model.tokenizer import corpus
+from radixserve.tables import Column, TableSpec, finish, num, pct, plot, times
 
 CONFIGS = ("constrained", "jump-forward", "free")
 FIELDS = {
@@ -92,12 +92,8 @@ def run_once(engine: Engine, cfg, label: str, lengths: list[int] = ()) -> dict:
             for s in schemas
         ]
     engine.flush_cache()
-    before = engine.cache_stats()
-    start = time.perf_counter()
-    outs = engine.generate(prompts, params)
-    seconds = time.perf_counter() - start
-    after = engine.cache_stats()
-    steps = after["scheduler_steps"] - before["scheduler_steps"]
+    outs, seconds, grown = common.timed(engine, lambda: engine.generate(prompts, params))
+    steps = grown["scheduler_steps"]
     tokens = [o["meta_info"]["completion_tokens"] for o in outs]
     return {
         "config": label,
@@ -106,8 +102,8 @@ def run_once(engine: Engine, cfg, label: str, lengths: list[int] = ()) -> dict:
         "output_tokens": sum(tokens),
         "ms_per_token": 1000 * seconds / sum(tokens),
         "steps": steps,
-        "mask_ms_per_step": 1000 * (after["grammar_wait_s"] - before["grammar_wait_s"]) / steps,
-        "jumped_tokens": after["jump_forward_tokens"] - before["jump_forward_tokens"],
+        "mask_ms_per_step": 1000 * grown["grammar_wait_s"] / steps,
+        "jumped_tokens": grown["jump_forward_tokens"],
         "valid": sum(valid(o["text"], s) for o, s in zip(outs, schemas, strict=True)) / len(outs),
     }
 
@@ -120,18 +116,17 @@ def run_structured_bench(cfg: StructuredBenchConfig, step: Step) -> list[dict]:
         # warm-up: compiles every schema and fixes the lengths the free runs are held to
         lengths = run_once(engine, cfg, "constrained")["lengths"]
         step("warm-up")
-        runs = report.run_rounds(
+        runs = common.run_rounds(
             CONFIGS, cfg.rounds, lambda c: run_once(engine, cfg, c, lengths), step
         )
     for r in (r for rounds in runs.values() for r in rounds):
         del r["lengths"]
-    seconds = {label: [r["seconds"] for r in rounds] for label, rounds in runs.items()}
-    constrained_steps = report.median_round(runs["constrained"])["steps"]
+    constrained_steps = common.median_round(runs["constrained"])["steps"]
     return [
-        report.median_round(runs[label])
-        | report.paired("vs_free", seconds[label], seconds["free"])
-        | report.paired("speedup", seconds["constrained"], seconds[label])
-        | {"steps_vs_constrained": report.median_round(runs[label])["steps"] / constrained_steps}
+        common.median_round(runs[label])
+        | common.paired("vs_free", runs[label], runs["free"], "seconds")
+        | common.paired("speedup", runs["constrained"], runs[label], "seconds")
+        | {"steps_vs_constrained": common.median_round(runs[label])["steps"] / constrained_steps}
         for label in CONFIGS
     ]
 
@@ -157,17 +152,17 @@ QUICK = {"requests": 3, "document_lines": 8, "fields": 3, "max_tokens": 48, "rou
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    report.add_options(p, StructuredBenchConfig, "requests rounds", plot=True)
+    common.add_options(p, StructuredBenchConfig, "requests rounds", plot=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = report.configure(StructuredBenchConfig, args, QUICK)
+    cfg = common.configure(StructuredBenchConfig, args, QUICK)
     total = 1 + len(CONFIGS) * cfg.rounds
-    rows = report.with_progress(
+    rows = common.with_progress(
         "bench structured", total, lambda step: run_structured_bench(cfg, step)
     )
 
     def chart(path: str) -> None:
-        report.plot(path, rows, "config", ["steps", "seconds"], "config", bars=True)
+        plot(path, rows, "config", ["steps", "seconds"], "config", bars=True)
 
-    return report.finish(args, cfg, {"rows": rows}, TABLES, chart)
+    return finish(args, cfg, {"rows": rows}, TABLES, chart)

@@ -21,9 +21,10 @@ from statistics import median
 
 import numpy as np
 
-from radixserve.bench import report
-from radixserve.bench.report import Column, Step, TableSpec, num, pct, times
+from radixserve.bench import common
+from radixserve.bench.common import Step
 from radixserve.engine import Engine, SamplingParams
+from radixserve.tables import Column, TableSpec, finish, num, pct, times
 
 FIRST = SamplingParams(max_new_tokens=1, temperature=0)
 
@@ -70,7 +71,7 @@ def ttft_rows(cfg: TiersBenchConfig, folder: Path, step: Step) -> list[dict]:
             step("ttft")
     return [
         {"source": source, "prefix_tokens": cfg.prefix_tokens, "ttft_ms": 1000 * median(values)}
-        | report.paired("vs_recompute", values, seconds["recompute"])
+        | common.paired("vs_recompute", values, seconds["recompute"])
         for source, values in seconds.items()
     ]
 
@@ -132,12 +133,12 @@ QUICK = {"prefix_tokens": 256, "rounds": 1, "restart_requests": 2, "system_token
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    report.add_options(p, TiersBenchConfig, "prefix_tokens rounds")
+    common.add_options(p, TiersBenchConfig, "prefix_tokens rounds")
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = report.configure(TiersBenchConfig, args, QUICK)
-    result = report.with_progress(
+    cfg = common.configure(TiersBenchConfig, args, QUICK)
+    result = common.with_progress(
         "bench tiers", cfg.rounds + 2, lambda step: run_tiers_bench(cfg, step)
     )
-    return report.finish(args, cfg, result, TABLES)
+    return finish(args, cfg, result, TABLES)

@@ -1,14 +1,14 @@
-"""Seeded, offline token-id workloads whose requests share prefixes the way real traffic does.
-
-Token ids are ``numpy.int32`` arrays, the form the cache compares fastest.
-"""
+"""The seeded workloads the benchmarks send: requests of token ids (``numpy.int32`` arrays,
+the form the cache compares fastest), and the serving suite's shapes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from radixserve.bench.common import check_choices
+from radixserve.sim.optimal import optimal_hit_rate
 
 
 @dataclass(frozen=True)
@@ -35,17 +35,13 @@ class Workload:
             out.setdefault(r.wave, []).append(r)
         return [out[k] for k in sorted(out)]
 
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(r.prompt) for r in self.requests)
-
     def optimal_hit_rate(self, page_size: int = 1) -> float:
         return optimal_hit_rate(((r.prompt, None) for r in self.requests), page_size)
 
     def row(self, config: str, seconds: float, cached_tokens: int) -> dict:
         """What every configuration reports of a pass over the workload (each request's
         ``max_tokens`` generated), whatever ran it."""
-        n, prompt = len(self.requests), self.prompt_tokens
+        n, prompt = len(self.requests), sum(len(r.prompt) for r in self.requests)
         return {
             "workload": self.name,
             "config": config,
@@ -56,35 +52,6 @@ class Workload:
             "hit_rate": cached_tokens / prompt,
             "prefill_tokens": prompt - cached_tokens,
         }
-
-
-def optimal_hit_rate(
-    calls: Iterable[tuple[Sequence[int], Sequence[int] | None]], page_size: int = 1
-) -> float:
-    """The token hit rate of a cache with unlimited memory serving ``(prompt, output)`` calls
-    one at a time in order: each distinct whole page of prefix is computed once (and a page
-    beginning like a later prompt serves that head: ``serving_prefix``); every call computes
-    at least its last prompt token (its logits give the first output); a reply's
-    tokens but the last had their K/V computed while decoding, so a later prompt that
-    repeats them hits them."""
-    from radixserve.cache import RadixCache
-
-    cache = RadixCache(page_size)  # simulation mode: slots are plain ints
-    hits = total = 0
-    for prompt, output in calls:
-        prompt = np.asarray(prompt, dtype=np.int32)
-        hits += cache.serving_prefix(prompt, cache.match_prefix(prompt), len(prompt) - 1)[0]
-        total += len(prompt)
-        seen = (
-            prompt
-            if output is None or len(output) < 2
-            else np.concatenate([prompt, np.asarray(output[:-1], dtype=np.int32)])
-        )
-        cache.insert(seen, np.arange(len(seen)))
-    return hits / total if total else 0.0
-
-
-# ---- the serving suite's workloads (shapes after the SGLang paper, arXiv 2312.07104) ----
 
 
 class _Tokens:
@@ -198,8 +165,7 @@ def make_workload(
     name: str, vocab_size: int, scale: float = 1.0, max_tokens: int = 8, seed: int = 0
 ) -> Workload:
     """A seeded workload; ``scale`` multiplies its number of requests (or groups)."""
-    if name not in SERVING_WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; choose from {sorted(SERVING_WORKLOADS)}")
+    check_choices("workload", [name], SERVING_WORKLOADS)
     if scale <= 0 or max_tokens < 1:
         raise ValueError("scale must be positive and max_tokens at least 1")
     return SERVING_WORKLOADS[name](_Tokens(seed, vocab_size), scale, max_tokens)

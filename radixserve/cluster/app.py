@@ -11,11 +11,11 @@ import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from radixserve.cli import OPENMP_ENV, openmp_defaults
 from radixserve.cluster.client import ClusterEngine
 from radixserve.cluster.directory import Directory
 from radixserve.cluster.replica import EngineReplica
 from radixserve.cluster.router import PowerOfTwoRouter, PrefixRouter, RoundRobinRouter
+from radixserve.cpu.openmp import OPENMP_ENV, openmp_defaults
 from radixserve.engine.config import EngineConfig
 from radixserve.model.loader import load_model_config, load_tokenizer
 from radixserve.server.app import create_app
@@ -116,7 +116,7 @@ def build_app(spec: ClusterSpec):
         request_routing_stats_timeout_s=10 * STATS_PERIOD_S,
     )
     threads = max(1, int(spec.cpus_per_replica))
-    # a replica's process loads libgomp with the driver's OpenMP waiting (cli.OPENMP_ENV)
+    # a replica's process loads libgomp with the driver's OpenMP waiting (cpu/openmp.py)
     env = {"OMP_NUM_THREADS": str(threads)} | {
         k: v for k, v in os.environ.items() if k in OPENMP_ENV
     }

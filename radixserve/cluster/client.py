@@ -18,6 +18,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
 
 from radixserve.chat.templates import ChatTemplating
+from radixserve.engine.client import EngineClient, GenerateCall
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.request_factory import RequestFactory
 from radixserve.engine.sampling_params import SamplingParams
@@ -30,7 +31,7 @@ MEANS = ("kv_usage", "memory_dedup_ratio", "request_hit_rate")
 QUANTILES = ("_p50_s", "_p99_s", "_p50_us", "_p99_us")  # the worst replica's
 
 
-class ClusterEngine(ChatTemplating):
+class ClusterEngine(ChatTemplating, EngineClient):
     def __init__(
         self, handle, config: EngineConfig, tokenizer, vocab_size: int, context_len: int, directory
     ) -> None:
@@ -44,37 +45,18 @@ class ClusterEngine(ChatTemplating):
 
     # ---- generation ----------------------------------------------------------------------
 
-    async def async_generate(
-        self,
-        prompt=None,
-        sampling_params=None,
-        *,
-        input_ids=None,
-        namespace=None,
-        rid=None,
-        affinity: str | None = None,
-    ) -> dict | list:
-        prompts, single = self.requests.prompts(prompt, sampling_params, input_ids)
-        payloads = [_payload(ids, p, namespace, affinity) for ids, p in prompts]
+    async def _async_generate(self, call: GenerateCall) -> dict | list[dict]:
+        prompts, single = self.requests.prompts(call.prompt, call.sampling_params, call.input_ids)
+        payloads = [_payload(ids, p, call.namespace, call.affinity) for ids, p in prompts]
         calls = [self._call("generate", payload) for payload in payloads]
         outs = [o for out in await asyncio.gather(*calls) for o in _as_list(out)]
         return outs[0] if single and len(outs) == 1 else outs
 
-    def generate_stream(
-        self,
-        prompt=None,
-        sampling_params=None,
-        *,
-        input_ids=None,
-        namespace=None,
-        rid=None,
-        affinity: str | None = None,
-    ) -> AsyncIterator[dict]:
-        """Chunks as ``Engine.generate_stream`` gives them; bad input raises here."""
-        prompts, _ = self.requests.prompts(prompt, sampling_params, input_ids)
+    def _generate_stream(self, call: GenerateCall) -> AsyncIterator[dict]:
+        prompts, _ = self.requests.prompts(call.prompt, call.sampling_params, call.input_ids)
         offsets = [sum(p.n for _, p in prompts[:i]) for i in range(len(prompts))]
         streams = [
-            self._stream(_payload(ids, p, namespace, affinity), offset)
+            self._stream(_payload(ids, p, call.namespace, call.affinity), offset)
             for (ids, p), offset in zip(prompts, offsets, strict=True)
         ]
         return streams[0] if len(streams) == 1 else _merge(streams)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.chat.reasoning_parsers import reasoning_format
@@ -17,80 +17,236 @@ EVICTION_POLICIES = ("lru", "lfu")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "tiny"
-    page_size: int = 1
-    max_total_tokens: int | None = None  # KV slots in the pool; default 65536
-    mem_fraction: float | None = None  # or: this share of free (GPU or host) memory
-    max_running_requests: int = 64
-    schedule_policy: str = "lpm"
-    lpm_aging_tokens_per_s: float = 2000.0  # how fast waiting raises an LPM priority
-    chunked_prefill_size: int = 2048  # tokens per step, decodes counted
-    # steps carry every running decode plus prefill chunks (False: prefill and decode passes
-    # take turns, and running requests wait while prompts prefill)
-    mixed_batches: bool = True
+    """Each field is also a ``radixserve serve`` flag (``engine/config_flags.py``), its
+    ``help`` the flag's help and its row in docs/engine.md's options table."""
+
+    model: str = field(
+        default="tiny",
+        metadata={
+            "help": "the model: a named one (`radixserve pull --list`), a GGUF file, a Hugging "
+            "Face directory or id, or a preset (tiny, bench-135m)"
+        },
+    )
+    page_size: int = field(
+        default=1,
+        metadata={"help": "tokens per KV page: the unit the prefix cache shares and evicts"},
+    )
+    max_total_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "KV cache size in tokens (slots in the pool); none: 65536, or what "
+            "mem_fraction gives"
+        },
+    )
+    mem_fraction: float | None = field(
+        default=None,
+        metadata={
+            "help": "size the KV cache to this share of free GPU (or host) memory, in (0, 1), "
+            "instead of max_total_tokens"
+        },
+    )
+    max_running_requests: int = field(
+        default=64, metadata={"help": "most requests running at once; the rest wait"}
+    )
+    schedule_policy: str = field(
+        default="lpm",
+        metadata={
+            "help": "the waiting queue's order: lpm (longest cached prefix first, with aging), "
+            "dfs-weight, fcfs or random"
+        },
+    )
+    lpm_aging_tokens_per_s: float = field(
+        default=2000.0,
+        metadata={
+            "help": "lpm: each second a request waits counts as this many cached tokens, so "
+            "requests that share nothing are not starved (tokens per second)"
+        },
+    )
+    chunked_prefill_size: int = field(
+        default=2048,
+        metadata={
+            "help": "most tokens a step computes, decodes counted; longer prompts prefill in "
+            "chunks (tokens)"
+        },
+    )
+    mixed_batches: bool = field(
+        default=True,
+        metadata={
+            "help": "steps carry every running decode beside prefill chunks (off: prefill and "
+            "decode passes take turns, and running requests wait while prompts prefill)"
+        },
+    )
     # size the prefill of a step carrying decodes so the step (every running request's
     # inter-token latency) is predicted to take at most this long, and at most itl_ratio
     # times what its decodes alone take (the ratio keeps the tail of inter-token latency
     # near its median on any machine); None for both: the token budget alone
-    itl_target_ms: float | None = None
-    itl_ratio: float | None = 2.0
-    enable_prefix_cache: bool = True
-    cache_index: str = "radix"  # or "block-hash": vLLM's way, kept for comparison
-    # which unlocked leaf the tree evicts first: "lru", or "lfu" (with aging)
-    eviction_policy: str = "lru"
-    attention_backend: str = "auto"
-    # requests sharing a tree path attend over it once (backends that support it: native),
-    # when they share at least cascade_min_shared tokens (below that the merge costs about
-    # what the saved reads do)
-    cascade_attention: bool = True
-    cascade_min_shared: int = 64
-    dtype: str = "float32"
-    device: str = "cpu"
-    # which weights stay or become quantized (``radixserve.model.quantized_model``): "auto"
-    # serves a GGUF file's quantized tensors as they are, "none" widens them to ``dtype``,
-    # "int8" / "int4" also quantize float projections at load (CPU)
-    quantize: str = "auto"
-    seed: int = 0
-    # keep freed host memory for reuse (glibc's mmap/trim thresholds and one arena,
-    # process-wide): CPU forward passes stop faulting in fresh pages for every temporary
-    tune_malloc: bool = True
-    # keep the projections' and output weights again in their faster paths' layouts: column
-    # panels for a decode step's rows (float32; bfloat16 with AVX512_BF16), oneDNN's where
-    # its GEMM is the faster one for more (the ``CpuProfile`` says where): up to twice their
-    # size again
-    pack_weights: bool = True
-    # the CPU fast paths to take (``radixserve.cpu.CpuProfile``, or the path of one saved
-    # as JSON): pinned, the same kernels run on any machine that can run them; None: the
-    # profile this machine's features give (the same in every process on it)
-    cpu_profile: Any = None
-    # a disk tier under the KV pool: pages leaving the pool are kept in this folder (bounded
-    # by disk_cache_size_gb) and read back when a prompt's prefix runs past the pool's; a
-    # new engine on the folder hits what an earlier one wrote. write_policy "write_back"
-    # writes pages as they are evicted, "write_through" as soon as their request finishes
-    disk_cache_dir: str | None = None
-    disk_cache_size_gb: float = 16.0
-    # a host-memory tier between the pool and the disk (0: none): pinned RAM for a GPU
-    # engine's evicted pages, copied back layer by layer on a side stream. A CPU engine's
-    # pool is host memory already: there it only adds copies (a larger pool is better)
-    host_cache_size_gb: float = 0.0
-    write_policy: str = "write_back"
-    # write every finished request to this file as a trace (hashed pages, no tokens) for
-    # ``radixserve simulate``
-    record_trace: str | None = None
-    # a grammar (structured output) that takes longer to compile fails its request
-    grammar_compile_timeout_s: float = 10.0
-    # how tool calls are written in the model's text (``engine/tool_calls.py``): hermes,
-    # llama3_json, or auto (the one the chat template shows)
-    tool_call_parser: str = "auto"
-    # how reasoning is marked in the text (``engine/reasoning.py``): qwen3, deepseek_r1;
-    # None: the text is all answer
-    reasoning_parser: str | None = None
-    # speculative decoding without a draft model (``engine/drafts.py``): "ngram" drafts from
-    # the tree's cached continuations, else n-gram matches in the request's own text, up to
-    # speculative_tokens a step, verified by the next pass; None: off
-    speculative: str | None = None
-    speculative_tokens: int = 6
-    check_invariants: bool = False  # audit the tree after every step (slow; for tests)
+    itl_target_ms: float | None = field(
+        default=None,
+        metadata={
+            "help": "size a step's prefill beside decodes so the step (their inter-token "
+            "latency) is predicted to take at most this long (milliseconds); none: no target"
+        },
+    )
+    itl_ratio: float | None = field(
+        default=2.0,
+        metadata={
+            "help": "a step prefilling beside decodes takes at most this many times what "
+            "they alone take (above 1); none (or 0): no such cap, only the token budget"
+        },
+    )
+    enable_prefix_cache: bool = field(
+        default=True,
+        metadata={
+            "help": "reuse the K/V of prompt prefixes computed before (off: every prompt is "
+            "computed whole)"
+        },
+    )
+    cache_index: str = field(
+        default="radix",
+        metadata={
+            "help": "the prefix cache's index: radix (the radix tree), or block-hash (vLLM's "
+            "hashed blocks, kept for comparison)"
+        },
+    )
+    eviction_policy: str = field(
+        default="lru",
+        metadata={"help": "which cached prefix is evicted first: lru, or lfu (with aging)"},
+    )
+    attention_backend: str = field(
+        default="auto",
+        metadata={
+            "help": "auto, torch, native (CPU kernels) or flashinfer (CUDA); auto: flashinfer "
+            "on CUDA where installed, native on CPU where it runs, else torch"
+        },
+    )
+    # under cascade_min_shared shared tokens the merge costs about what the saved reads do
+    cascade_attention: bool = field(
+        default=True,
+        metadata={
+            "help": "requests sharing a cached prefix attend over it once (backends that "
+            "support it: native)"
+        },
+    )
+    cascade_min_shared: int = field(
+        default=64,
+        metadata={"help": "fewest tokens requests must share for cascade attention (tokens)"},
+    )
+    dtype: str = field(
+        default="float32",
+        metadata={"help": "the weights' and K/V's type: float32, bfloat16 or float16"},
+    )
+    device: str = field(default="cpu", metadata={"help": "where to run: cpu, or cuda"})
+    # which weights stay or become quantized (``radixserve.model.quantized_model``)
+    quantize: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: a GGUF file's quantized tensors served as they are; none: widened "
+            "to dtype; int8, int4: float projections quantized at load too (groups of 32, "
+            "CPU)"
+        },
+    )
+    seed: int = field(default=0, metadata={"help": "the random seed sampling starts from"})
+    # glibc's mmap/trim thresholds and one arena, process-wide
+    tune_malloc: bool = field(
+        default=True,
+        metadata={
+            "help": "keep freed host memory for reuse (glibc malloc, process-wide): CPU passes "
+            "stop faulting in fresh pages for every temporary"
+        },
+    )
+    # column panels for a decode step's rows (float32; bfloat16 with AVX512_BF16), oneDNN's
+    # where its GEMM is the faster one for more (the ``CpuProfile`` says where)
+    pack_weights: bool = field(
+        default=True,
+        metadata={
+            "help": "keep the projection and output weights again in the CPU fast paths' "
+            "layouts (faster; up to twice their memory)"
+        },
+    )
+    # a ``radixserve.cpu.CpuProfile`` too: pinned, the same kernels run on any machine that
+    # can run them; None: the profile this machine's features give (the same in every
+    # process on it)
+    cpu_profile: Any = field(
+        default=None,
+        metadata={
+            "help": "pin the CPU fast paths to a profile saved by `radixserve cpu-profile "
+            "--save` (a JSON file); none: the ones this machine's features give",
+            "metavar": "FILE",
+        },
+    )
+    # a new engine on the folder hits what an earlier one wrote
+    disk_cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "a disk tier under the KV cache: pages leaving it are kept in this folder "
+            "and read back on a hit, by later engines too; none: no disk tier",
+            "metavar": "DIR",
+        },
+    )
+    disk_cache_size_gb: float = field(
+        default=16.0, metadata={"help": "most the disk tier holds (GB)"}
+    )
+    # A CPU engine's pool is host memory already: there it only adds copies (a larger pool
+    # is better)
+    host_cache_size_gb: float = field(
+        default=0.0,
+        metadata={
+            "help": "a pinned host-memory tier between a GPU's KV cache and the disk (GB; 0: none)"
+        },
+    )
+    write_policy: str = field(
+        default="write_back",
+        metadata={
+            "help": "when the disk tier writes a page: write_back (as it is evicted) or "
+            "write_through (as soon as its request finishes)"
+        },
+    )
+    record_trace: str | None = field(
+        default=None,
+        metadata={
+            "help": "write every finished request to this file as a trace (hashed pages, no "
+            "tokens) for `radixserve simulate`",
+            "metavar": "FILE",
+        },
+    )
+    grammar_compile_timeout_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "a request whose grammar (structured output) takes longer to compile "
+            "fails (seconds)"
+        },
+    )
+    # ``engine/tool_calls.py``
+    tool_call_parser: str = field(
+        default="auto",
+        metadata={
+            "help": "how the model writes tool calls: hermes (`<tool_call>` blocks), "
+            "llama3_json, or auto (from the chat template; hermes where it shows none)"
+        },
+    )
+    # ``engine/reasoning.py``
+    reasoning_parser: str | None = field(
+        default=None,
+        metadata={
+            "help": "return `<think>` blocks as reasoning_content: qwen3 (the model opens "
+            "them), deepseek_r1 (the template does); none: the text is all answer"
+        },
+    )
+    # ``engine/drafts.py``: the drafts are verified by the next pass
+    speculative: str | None = field(
+        default=None,
+        metadata={
+            "help": "ngram: speculative decoding with drafts from the cache's continuations, "
+            "else n-gram matches in the request's own text (same outputs); none: off"
+        },
+    )
+    speculative_tokens: int = field(
+        default=6, metadata={"help": "the most draft tokens a step (speculative decoding)"}
+    )
+    check_invariants: bool = field(
+        default=False,
+        metadata={"help": "audit the prefix cache after every step (slow; for tests)"},
+    )
 
     @property
     def routing_fingerprint(self) -> str:

@@ -21,6 +21,7 @@ from radixserve.cache import create_prefix_cache
 from radixserve.chat.templates import ChatTemplating
 from radixserve.cpu.native import load_native
 from radixserve.engine import compute_thread
+from radixserve.engine.client import EngineClient, GenerateCall
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.inbox import Inbox
 from radixserve.engine.metrics import EngineMetrics
@@ -47,7 +48,7 @@ from radixserve.memory.host_malloc import keep_freed_memory
 logger = logging.getLogger(__name__)
 
 
-class Engine(ChatTemplating, EngineReports):
+class Engine(ChatTemplating, EngineReports, EngineClient):
     def __init__(self, model: str = "tiny", **options) -> None:
         self.config = EngineConfig(model=model, **options)
         if self.config.tune_malloc:  # before the threads below allocate (host_malloc.py)
@@ -137,20 +138,10 @@ class Engine(ChatTemplating, EngineReports):
         outs = [f.result() for f in [self._submit(r) for r in reqs]]
         return outs[0] if single and len(outs) == 1 else outs
 
-    async def async_generate(
-        self,
-        prompt=None,
-        sampling_params=None,
-        *,
-        input_ids=None,
-        namespace=None,
-        rid=None,
-        affinity: str | None = None,
-    ) -> dict | list:
-        """``generate`` for asyncio callers; cancelling it aborts its requests.
-        ``affinity``: OpenAI's ``prompt_cache_key``, a hint a cluster's router follows to
-        keep requests together; one engine serves them all anyway."""
-        reqs, single = self.requests.make(prompt, sampling_params, input_ids, namespace, rid)
+    async def _async_generate(self, call: GenerateCall) -> dict | list[dict]:
+        reqs, single = self.requests.make(
+            call.prompt, call.sampling_params, call.input_ids, call.namespace, call.rid
+        )
         await self.grammars.bind_async(reqs)
         compute_thread.release_caller_team()
         futures = [asyncio.wrap_future(self._submit(r)) for r in reqs]
@@ -162,23 +153,10 @@ class Engine(ChatTemplating, EngineReports):
             raise
         return outs[0] if single and len(outs) == 1 else list(outs)
 
-    def generate_stream(
-        self,
-        prompt=None,
-        sampling_params=None,
-        *,
-        input_ids=None,
-        namespace=None,
-        rid=None,
-        affinity: str | None = None,
-    ) -> AsyncIterator[dict]:
-        """Chunks ``{"index", "rid", "text": delta, "token_ids": new ids, "finished"}`` of
-        every request as they come (``index`` in ``generate``'s output order: prompt by
-        prompt, each prompt's ``n`` samples in turn); a request's last chunk also carries
-        ``meta_info``. Bad input raises here, before anything streams (a grammar that does
-        not compile, at the first chunk: ``check_grammar`` first to know before); closing the
-        iterator early aborts what is unfinished."""
-        reqs, _ = self.requests.make(prompt, sampling_params, input_ids, namespace, rid)
+    def _generate_stream(self, call: GenerateCall) -> AsyncIterator[dict]:
+        reqs, _ = self.requests.make(
+            call.prompt, call.sampling_params, call.input_ids, call.namespace, call.rid
+        )
         compute_thread.release_caller_team()
         prepare = functools.partial(self.grammars.bind_async, reqs)
         return stream_outputs(reqs, self._submit, self.abort, lambda: self._inbox.closed, prepare)

@@ -1,7 +1,8 @@
 """Every counter and timer the engine keeps, in one place.
 
 Written on the scheduler thread only; ``cache_stats()``, the server's ``/metrics`` and the
-benchmarks read a ``snapshot()`` taken there. Counters only grow (Prometheus counters must
+benchmarks read ``figures()`` taken there (``reports.py`` adds the cache's and the
+scheduler's). Counters only grow (Prometheus counters must
 not go down); the latency windows keep the most recent samples.
 """
 
@@ -10,15 +11,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-from radixserve.cache import BasePrefixCache, RadixCache
-from radixserve.cache.digest import tree_digest
-
-if TYPE_CHECKING:
-    from radixserve.engine.scheduler.scheduler import Scheduler
 
 WINDOW = 10_000
 
@@ -78,9 +72,8 @@ class EngineMetrics:
             self.ttft_s.append(ttft_s)
             self.latency_s.append(latency_s)
 
-    def snapshot(self, cache: BasePrefixCache, scheduler: Scheduler) -> dict:
-        """Every figure, with what the cache holds and the scheduler runs right now."""
-        alloc = scheduler.req_cache.allocator
+    def figures(self) -> dict:
+        """Every counter, rate and latency quantile kept here."""
         elapsed = time.perf_counter() - self.started_s
         ttft, latency = _quantiles(self.ttft_s), _quantiles(self.latency_s)
         lookup = _quantiles(self.lookup_s)
@@ -114,15 +107,6 @@ class EngineMetrics:
             "latency_p99_s": latency[1],
             "lookup_p50_us": 1e6 * lookup[0],
             "lookup_p99_us": 1e6 * lookup[1],
-            "cached_tokens": cache.total_size,
-            "evictable_tokens": cache.evictable_size,
-            "protected_tokens": cache.protected_size,
-            "kv_capacity": alloc.capacity,
-            "kv_used": alloc.num_used,
-            "kv_usage": alloc.num_used / alloc.capacity,
-            "memory_dedup_ratio": scheduler.dedup_ratio,
-            "running": len(scheduler.running),
-            "waiting": len(scheduler.waiting),
         }
 
     def _speculation(self) -> dict:
@@ -147,20 +131,3 @@ def _quantiles(samples: deque[float]) -> tuple[float, float]:
         return 0.0, 0.0
     p50, p99 = np.percentile(np.fromiter(samples, float), [50, 99])
     return float(p50), float(p99)
-
-
-def routing_snapshot(
-    cache: BasePrefixCache, scheduler: Scheduler, fingerprint: str, max_keys: int
-) -> dict:
-    """What a router across replicas weighs (taken on the scheduler thread): a digest of
-    the tree (no keys without a radix cache) and the work queued, in tokens and requests."""
-    waiting, running = scheduler.waiting, scheduler.running
-    digest = {"keys": [], "stride": 1, "page_size": cache.page_size}
-    if isinstance(cache, RadixCache):
-        digest = tree_digest(cache, fingerprint, max_keys).to_dict()
-    return digest | {
-        "fingerprint": fingerprint,
-        "queued_tokens": sum(r.seq_len - r.kv.computed_len for r in waiting + running),
-        "running": len(running),
-        "waiting": len(waiting),
-    }

@@ -5,8 +5,14 @@ state between two steps."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from radixserve.cache import BasePrefixCache, RadixCache
+from radixserve.cache.digest import tree_digest
 from radixserve.cpu import CpuProfile
-from radixserve.engine.metrics import routing_snapshot
+from radixserve.engine.metrics import EngineMetrics
+from radixserve.engine.req import Req
+from radixserve.engine.scheduler.scheduler import Scheduler
 
 
 class EngineReports:
@@ -40,7 +46,7 @@ class EngineReports:
         """Prefix-cache and serving metrics, read on the scheduler thread."""
 
         def stats() -> dict:
-            out = self.metrics.snapshot(self.cache, self.scheduler)
+            out = stats_snapshot(self.metrics, self.cache, self.scheduler)
             if self.tier is not None:
                 out |= self.tier.snapshot()
             return out
@@ -59,3 +65,47 @@ class EngineReports:
     def check_invariants(self) -> None:
         """Audit the cache and slot accounting (from any thread; waits for the loop)."""
         self._inbox.call(lambda: self.cache.check_invariants(self.scheduler.slots_held))
+
+
+def stats_snapshot(metrics: EngineMetrics, cache: BasePrefixCache, scheduler: Scheduler) -> dict:
+    """Every figure, with what the cache holds and the scheduler runs right now (taken on
+    the scheduler thread)."""
+    alloc = scheduler.req_cache.allocator
+    return metrics.figures() | {
+        "cached_tokens": cache.total_size,
+        "evictable_tokens": cache.evictable_size,
+        "protected_tokens": cache.protected_size,
+        "kv_capacity": alloc.capacity,
+        "kv_used": alloc.num_used,
+        "kv_usage": alloc.num_used / alloc.capacity,
+        "memory_dedup_ratio": dedup_ratio(scheduler.running),
+        "running": len(scheduler.running),
+        "waiting": len(scheduler.waiting),
+    }
+
+
+def routing_snapshot(
+    cache: BasePrefixCache, scheduler: Scheduler, fingerprint: str, max_keys: int
+) -> dict:
+    """What a router across replicas weighs (taken on the scheduler thread): a digest of
+    the tree (no keys without a radix cache) and the work queued, in tokens and requests."""
+    waiting, running = scheduler.waiting, scheduler.running
+    digest = {"keys": [], "stride": 1, "page_size": cache.page_size}
+    if isinstance(cache, RadixCache):
+        digest = tree_digest(cache, fingerprint, max_keys).to_dict()
+    return digest | {
+        "fingerprint": fingerprint,
+        "queued_tokens": sum(r.seq_len - r.kv.computed_len for r in waiting + running),
+        "running": len(running),
+        "waiting": len(waiting),
+    }
+
+
+def dedup_ratio(running: list[Req]) -> float:
+    """Context tokens running requests reference / distinct slots holding them (1.0 when
+    nothing is shared)."""
+    parts = [r.kv.slots[: r.kv.computed_len] for r in running if r.kv.computed_len]
+    if not parts:
+        return 1.0
+    referenced = sum(len(p) for p in parts)
+    return referenced / len(np.unique(np.concatenate(parts)))

@@ -1,4 +1,4 @@
-"""The FastAPI app over one ``Engine``: OpenAI-compatible and native routes
+"""The FastAPI app over one engine (an ``EngineClient``): OpenAI-compatible and native routes
 (``routes_openai``, ``routes_responses``, ``routes_native``), errors in OpenAI's shape, a
 bound on body size, and a lifespan that logs throughput and stops the engine at shutdown."""
 
@@ -15,7 +15,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from radixserve.engine import Engine
+from radixserve.engine.client import EngineClient
 from radixserve.server import routes_native, routes_openai, routes_responses
 from radixserve.server.errors import ApiError, error_response
 from radixserve.server.metrics import ServerMetrics
@@ -27,7 +27,7 @@ SHUTDOWN_COMPLETE = "shutdown complete: engine stopped"
 
 
 def create_app(
-    engine: Engine,
+    engine: EngineClient,
     model_name: str,
     api_keys: dict[str, str] | None = None,
     log_interval_s: float = 10.0,
@@ -139,7 +139,7 @@ def _finished(metrics: ServerMetrics, out: dict) -> None:
     )
 
 
-async def _log_periodically(engine: Engine, interval_s: float) -> None:
+async def _log_periodically(engine: EngineClient, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
         s = await asyncio.to_thread(engine.cache_stats)

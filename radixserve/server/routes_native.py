@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from radixserve.cache import CacheInvariantError
-from radixserve.engine import Engine
+from radixserve.engine.client import EngineClient
 from radixserve.server.auth import namespace, tenant
 from radixserve.server.errors import BODY_ERRORS, STREAMING
 from radixserve.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
@@ -35,7 +35,7 @@ async def prometheus(request: Request):
 @router.get("/server_info")
 async def server_info(request: Request):
     state = request.app.state
-    engine: Engine = state.engine
+    engine: EngineClient = state.engine
     stats = await asyncio.to_thread(engine.cache_stats)
     return {
         "model": state.model_name,
@@ -52,7 +52,7 @@ async def server_info(request: Request):
 @router.post("/tokenize", responses=BODY_ERRORS)
 async def tokenize(body: TokenizeRequest, request: Request, _: str | None = Depends(tenant)):
     check_model(request, body.model)
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     tokens = engine.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"]
     return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.context_len}
 
@@ -60,7 +60,7 @@ async def tokenize(body: TokenizeRequest, request: Request, _: str | None = Depe
 @router.post("/detokenize", responses=BODY_ERRORS)
 async def detokenize(body: DetokenizeRequest, request: Request, _: str | None = Depends(tenant)):
     check_model(request, body.model)
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     if any(t >= engine.vocab_size for t in body.tokens):
         raise ValueError(f"token ids must lie in [0, {engine.vocab_size})")
     return {"prompt": engine.tokenizer.decode(body.tokens)}
@@ -86,7 +86,7 @@ async def flush_cache(request: Request):
 async def generate(
     body: GenerateRequest, request: Request, tenant_ns: str | None = Depends(tenant)
 ):
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     params = body.sampling()
     source = {"prompt": body.text} if body.text is not None else {"input_ids": body.input_ids}
     ns = namespace(tenant_ns, body.cache_salt)

@@ -8,7 +8,8 @@ from functools import partial
 
 from fastapi import APIRouter, Depends, Request
 
-from radixserve.engine import Engine, SamplingParams
+from radixserve.engine import SamplingParams
+from radixserve.engine.client import EngineClient
 from radixserve.server.auth import namespace, tenant
 from radixserve.server.chat_output import ChatOutput
 from radixserve.server.errors import KEY_ERRORS, STREAMING, ApiError
@@ -43,7 +44,7 @@ def _head(request: Request, kind: str, prefix: str) -> dict:
 async def _run(
     request: Request, source: dict, params: SamplingParams, ns: object, affinity: str | None
 ) -> list:
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     outs = await engine.async_generate(
         sampling_params=params, namespace=ns, affinity=affinity, **source
     )
@@ -66,7 +67,7 @@ async def completions(
     body: CompletionRequest, request: Request, tenant_ns: str | None = Depends(tenant)
 ):
     check_model(request, body.model)
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     logprobs = body.logprobs is not None
     params = body.sampling(
         16,
@@ -115,7 +116,7 @@ async def chat(
     body: ChatCompletionRequest, request: Request, tenant_ns: str | None = Depends(tenant)
 ):
     check_model(request, body.model)
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     messages = [m.for_template() for m in body.messages]
     kwargs = body.chat_template_kwargs or {}
     ids = engine.apply_chat_template(messages, tools=body.tool_dicts(), **kwargs)

@@ -15,7 +15,7 @@ import time
 from fastapi import APIRouter, Depends, Request
 
 from radixserve.chat.templates import continuation_ids
-from radixserve.engine import Engine
+from radixserve.engine.client import EngineClient
 from radixserve.server.auth import namespace, tenant
 from radixserve.server.chat_output import ChatOutput
 from radixserve.server.errors import KEY_ERRORS, STREAMING, ApiError, error_doc
@@ -38,7 +38,7 @@ def _system(instructions: str | None) -> list[dict]:
     return [{"role": "system", "content": instructions}] if instructions else []
 
 
-def _prompt(engine: Engine, body: ResponsesRequest, earlier: StoredResponse | None, tools):
+def _prompt(engine: EngineClient, body: ResponsesRequest, earlier: StoredResponse | None, tools):
     """The chat the prompt renders (instructions apart) and its token ids."""
     new = body.messages()
     if earlier is None:
@@ -69,7 +69,7 @@ async def create_response(
     body: ResponsesRequest, request: Request, tenant_ns: str | None = Depends(tenant)
 ):
     check_model(request, body.model)
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     store: ResponseStore = request.app.state.responses
     earlier = None
     if body.previous_response_id is not None:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from radixserve.bench.report import Column, TableSpec, finish, pct, plot
 from radixserve.sim.replay import (
     INDEXES,
     POLICIES,
@@ -20,6 +19,7 @@ from radixserve.sim.replay import (
     replay,
 )
 from radixserve.sim.trace import FORMATS, read_trace
+from radixserve.tables import Column, TableSpec, finish, pct, plot
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

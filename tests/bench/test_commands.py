@@ -61,7 +61,7 @@ def test_bad_arguments_fail_cleanly(capsys):
 
 
 def test_optimal_hit_rate_counts_each_prefix_once_and_decoded_tokens_as_computed():
-    from radixserve.bench.workloads import optimal_hit_rate
+    from radixserve.sim.optimal import optimal_hit_rate
 
     calls = [
         ([1, 2, 3, 4], [5, 6, 7]),
@@ -97,8 +97,8 @@ def test_serving_workloads_are_seeded_and_know_their_optimal():
 
 def test_report_weaves_json_tables_into_the_notes(tmp_path):
     from radixserve.bench.docs_report import render
-    from radixserve.bench.report import machine, write_json
     from radixserve.cpu import probe_cpu_profile
+    from radixserve.tables import machine, write_json
 
     (tmp_path / "notes").mkdir()
     head = "title: DSL programs\ncommand: radixserve bench lang\ncpu: a test CPU\n"
@@ -158,8 +158,8 @@ def test_bench_model_command_compares_with_transformers(tmp_path, capsys):
 
 
 def test_terminal_tables_fit_80_columns_unless_wide(capsys):
-    from radixserve.bench.report import print_tables
-    from radixserve.bench.serving_bench import TABLES
+    from radixserve.bench.workloads_bench import TABLES
+    from radixserve.tables import print_tables
 
     row = {c.key: 123456.789 for c in TABLES[0].columns} | {"workload": "few-shot"}
     print_tables({"rows": [row]}, TABLES[:1])

@@ -306,7 +306,7 @@ def test_abort_frees_the_request(engine):
 
 
 def test_demo_shows_the_cache_paying_off(capsys):
-    from radixserve.bench.demo import DemoWorkload, print_results, run_demo
+    from radixserve.demo import DemoWorkload, print_results, run_demo
 
     work = DemoWorkload(users=3, turns=2, max_new_tokens=4)
     on, off = run_demo("tiny", work, page_size=4)
@@ -333,15 +333,13 @@ def test_metrics_count_what_happened():
 
 
 def test_dedup_ratio_counts_shared_prefix_slots():
+    from radixserve.engine.reports import dedup_ratio
     from radixserve.engine.req import Req
-    from radixserve.engine.scheduler.scheduler import Scheduler
 
-    sched = Scheduler.__new__(Scheduler)
     a, b = Req("a", np.zeros(8, np.int32), GREEDY), Req("b", np.zeros(8, np.int32), GREEDY)
-    a.slots, a.computed_len = np.arange(8), 8
-    b.slots, b.computed_len = np.concatenate([np.arange(4), np.arange(20, 24)]), 8
-    sched.running = [a, b]
-    assert sched.dedup_ratio == 16 / 12
+    a.kv.slots, a.kv.computed_len = np.arange(8), 8
+    b.kv.slots, b.kv.computed_len = np.concatenate([np.arange(4), np.arange(20, 24)]), 8
+    assert dedup_ratio([a, b]) == 16 / 12
 
 
 def test_logprobs_match_transformers(reference, tmp_path):
@@ -430,7 +428,7 @@ def test_unseeded_sampling_differs_between_requests(engine):
 
 
 def test_demo_without_a_registry_says_so_and_runs_on_the_preset(monkeypatch, tmp_path, capsys):
-    from radixserve.bench.demo import FALLBACK_MODEL, pulled_or_fallback
+    from radixserve.demo import FALLBACK_MODEL, pulled_or_fallback
 
     monkeypatch.setenv("RADIXSERVE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from radixserve.bench.http_load import ChatLoad, ServerProcess
-from radixserve.bench.serve_bench import ServeBenchConfig, run_serve_bench, server_flags
+from radixserve.bench.http_load_bench import ServeBenchConfig, run_serve_bench, server_flags
 
 
 def _stream_completion(url: str, max_tokens: int, events: list, first: threading.Event) -> None:

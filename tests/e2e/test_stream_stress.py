@@ -21,7 +21,9 @@ QUESTIONS = [
 ]
 PARAMS = [
     SamplingParams(max_new_tokens=24, temperature=0, return_logprob=True, top_logprobs_num=2),
-    SamplingParams(max_new_tokens=24, temperature=0, stop=[" classic example", "is:"], return_logprob=True),
+    SamplingParams(
+        max_new_tokens=24, temperature=0, stop=[" classic example", "is:"], return_logprob=True
+    ),
     SamplingParams(max_new_tokens=12, temperature=0, n=2, stop=[" the"]),
     SamplingParams(max_new_tokens=20, temperature=0, repetition_penalty=1.2, return_logprob=True),
 ]

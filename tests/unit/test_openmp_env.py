@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from radixserve.cli import OPENMP_ENV, openmp_defaults
+from radixserve.cpu.openmp import OPENMP_ENV, openmp_defaults
 
 
 def test_both_variables_are_set_when_the_user_set_neither():
@@ -27,13 +27,14 @@ def test_a_users_own_setting_of_either_is_left_alone():
 SPY = """
 import json, os, sys
 from radixserve import cli
+from radixserve.cpu.openmp import OPENMP_ENV
 
 seen = {}
 
 class TorchImportSpy:
     def find_spec(self, name, path=None, target=None):
         if name == "torch" and not seen:
-            seen.update({k: os.environ.get(k) for k in cli.OPENMP_ENV})
+            seen.update({k: os.environ.get(k) for k in OPENMP_ENV})
         return None
 
 sys.meta_path.insert(0, TorchImportSpy())

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 from radixserve.engine.req import Req
 
+LPM_WINDOW = 256
+
 
 def order_waiting(
     waiting: list[Req],
@@ -27,7 +29,11 @@ def order_waiting(
     rng: random.Random,
 ) -> list[Req]:
     """``match_node(req)`` gives the cached length of ``req``'s prefix and the deepest tree
-    node it matches whole (an object with a ``parent``); it must not change the tree."""
+    node it matches whole (an object with a ``parent``); it must not change the tree.
+    Scoring looks every candidate up in the tree, so with a long queue only the oldest
+    ``LPM_WINDOW`` are ordered each step (aging puts them first anyway)."""
+    if len(waiting) > LPM_WINDOW:
+        waiting = sorted(waiting, key=lambda r: r.arrival_s)[:LPM_WINDOW]
     if policy == "fcfs":
         return sorted(waiting, key=lambda r: r.arrival_s)
     if policy == "random":

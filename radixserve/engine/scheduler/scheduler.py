@@ -17,23 +17,17 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-import numpy as np
-
-from radixserve.cache import RadixCache
 from radixserve.cache.shared_paths import PrefixGroupRule
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.req import Req, ReqState
+from radixserve.engine.scheduler.admission import InBatchPrefixes
 from radixserve.engine.scheduler.batch import ScheduleBatch, Work, prefix_groups, take_copies
 from radixserve.engine.scheduler.policy import order_waiting
 from radixserve.engine.scheduler.req_cache import ReqCacheManager, slots_held
 from radixserve.engine.scheduler.step_budget import ItlBudget, PrefillBudget
 from radixserve.engine.speculative.drafts import Drafter
 
-# Hold a waiting request back a step when it shares at least this many not-yet-cached tokens
-# with one admitted in the same step.
-IN_BATCH_SHARE_MIN_TOKENS = 32
-LPM_WINDOW = 256
 # While other prompts wait, one request's chunk takes at most this share of a step's
 # prefill allowance, so one long prompt does not hold every short one behind it; what the
 # others leave unused goes back to it.
@@ -89,16 +83,6 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
-
-    @property
-    def dedup_ratio(self) -> float:
-        """Context tokens running requests reference / distinct slots holding them (1.0 when
-        nothing is shared)."""
-        parts = [r.kv.slots[: r.kv.computed_len] for r in self.running if r.kv.computed_len]
-        if not parts:
-            return 1.0
-        referenced = sum(len(p) for p in parts)
-        return referenced / len(np.unique(np.concatenate(parts)))
 
     @property
     def slots_held(self) -> int:
@@ -184,31 +168,18 @@ class Scheduler:
         return self._give_back(work, capped, budget)
 
     def _admit(self, budget: PrefillBudget, take: Callable[[Req, bool], bool]) -> None:
-        # Scoring looks every candidate up in the tree (read-only); with a long queue only
-        # the oldest LPM_WINDOW are considered each step (aging puts them first anyway).
-        candidates = self.waiting
-        if len(candidates) > LPM_WINDOW:
-            candidates = sorted(candidates, key=lambda r: r.arrival_s)[:LPM_WINDOW]
+        c = self.config
+        aging = c.lpm_aging_tokens_per_s
         ordered = order_waiting(
-            candidates,
-            self.config.schedule_policy,
-            self.req_cache.peek,
-            self.config.lpm_aging_tokens_per_s,
-            self.rng,
+            self.waiting, c.schedule_policy, self.req_cache.peek, aging, self.rng
         )
-        # Prompts being prefilled (admitted this step, or chunks still to go), to spot a later
-        # one that would share their uncached prefix: it waits and then hits the cache
-        # instead of recomputing it.
-        admitted = RadixCache(self.page)  # a few short paths
-        for req in self.running:
-            if req.kv.computed_len < req.seq_len - 1:
-                admitted.insert(req.seq(), np.zeros(req.seq_len, dtype=np.int64), req.namespace)
+        held = InBatchPrefixes(self.req_cache, self.running)
         for i, req in enumerate(ordered):
             if budget.exhausted or len(self.running) >= self.config.max_running_requests:
                 break
-            if not self.req_cache.ready(req) or self._shares_uncached_prefix(req, admitted):
+            if not self.req_cache.ready(req) or held.holds_back(req):
                 continue  # its pages are being read from disk, or it waits to share
-            admitted.insert(req.seq(), np.zeros(req.seq_len, dtype=np.int64), req.namespace)
+            held.add(req)
             self.req_cache.admit(req)
             self.waiting.remove(req)
             self.running.append(req)
@@ -229,15 +200,6 @@ class Scheduler:
             budget.take(end - item.end, item.end)
             work[i] = Work(item.req, item.start, end)
         return work
-
-    def _shares_uncached_prefix(self, req: Req, admitted: RadixCache) -> bool:
-        if not self.req_cache.cache.retains:
-            return False
-        in_batch, _ = admitted.peek_prefix(req.seq(), req.namespace)
-        cached, _ = self.req_cache.peek(req)
-        # A short prompt shared whole (the n samples of one request) waits too.
-        whole = (req.seq_len - 1) // self.page * self.page
-        return in_batch > cached and in_batch - cached >= min(IN_BATCH_SHARE_MIN_TOKENS, whole)
 
     def _chunk_end(self, req: Req, limit: int, start: int | None = None) -> int | None:
         """Where a chunk of at most ``limit`` tokens from ``start`` (the computed length)

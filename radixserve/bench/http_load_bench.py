@@ -15,22 +15,19 @@ round by round. After each run the server audits its cache accounting and stops 
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 
-from radixserve.bench import report
-from radixserve.bench.http_load import ChatLoad, ServerProcess, drive, median_row, summarize
-from radixserve.bench.report import Column, TableSpec, num, pct, times
-from radixserve.bench.workloads import optimal_hit_rate
+from radixserve.bench import common, http_load
+from radixserve.bench.http_load import ChatLoad, ServerProcess, drive, median_row
+from radixserve.sim.optimal import optimal_hit_rate
+from radixserve.tables import Column, TableSpec, finish, num, pct, plot, times
 
 FLAGS = {"mixed": [], "alternating": ["--no-mixed-batches"], "off": ["--disable-prefix-cache"]}
 VALUED = {"chunk": "--chunked-prefill-size", "itl": "--itl-target-ms", "ratio": "--itl-ratio"}
 WORDS = {"quantize": ("--quantize", ("none", "auto", "int8", "int4"))}
-# Where servers empty their prefix cache: ours and SGLang's, vLLM's (VLLM_SERVER_DEV_MODE=1)
-FLUSH_ROUTES = ("/flush_cache", "/reset_prefix_cache")
 
 
 def server_flags(label: str) -> list[str]:
@@ -76,29 +73,19 @@ class ServeBenchConfig:
         return [*self.configs, *(label for label, _ in self.urls)]
 
 
-def warm_and_flush(url: str, model: str | None) -> bool:
-    """One short request (first-call costs, compilation, stay out of the figures), then an
-    empty prefix cache, so every round starts cold; False when no flush route answered."""
-    warm = {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2}
-    warm |= {} if model is None else {"model": model}
-    httpx.post(url + "/v1/chat/completions", json=warm, timeout=300.0).raise_for_status()
-    return any(httpx.post(url + r, timeout=60.0).status_code == 200 for r in FLUSH_ROUTES)
-
-
 def run_one(cfg: ServeBenchConfig, label: str, on_done: Callable[[], None]) -> dict:
     """One round of one configuration: a server of ours (warmed, loaded, audited, stopped
     with SIGTERM) or one at a URL."""
     if url := dict(cfg.urls).get(label):
-        flushed = warm_and_flush(url, cfg.url_model)
-        records, seconds = asyncio.run(drive(url, cfg.load, cfg.url_model, on_done))
-        return summarize(records, seconds) | {"flushed": "yes" if flushed else "no"}
+        flushed = "yes" if http_load.warm_and_flush(url, cfg.url_model) else "no"
+        return drive(url, cfg.load, cfg.url_model, on_done) | {"flushed": flushed}
     args = ["--model", cfg.model, "--page-size", str(cfg.page_size)]
     args += ["--max-running-requests", str(cfg.load.concurrency), "--seed", str(cfg.load.seed)]
     with ServerProcess(args + server_flags(label)) as server:
-        warm_and_flush(server.url, None)
-        records, seconds = asyncio.run(drive(server.url, cfg.load, None, on_done))
+        http_load.warm_and_flush(server.url, None)
+        row = drive(server.url, cfg.load, None, on_done)
         audit = httpx.get(server.url + "/check_invariants", timeout=120.0).json()
-        return summarize(records, seconds) | {
+        return row | {
             "invariants": "ok" if audit["ok"] else audit["error"],
             "shutdown": "graceful" if server.stop() else "FAILED",
         }
@@ -108,9 +95,7 @@ def run_serve_bench(cfg: ServeBenchConfig, on_done: Callable[[], None]) -> dict:
     """Rows (medians over rounds), pairs against the first configuration, the optimal."""
     from radixserve.model.loader import load_tokenizer
 
-    rounds: dict[str, list[dict]] = {label: [] for label in cfg.labels}
-    for label in report.alternating(cfg.labels, cfg.rounds):
-        rounds[label].append(run_one(cfg, label, on_done))
+    rounds = common.run_rounds(cfg.labels, cfg.rounds, lambda label: run_one(cfg, label, on_done))
     # the token ids the server's chat template makes of each chat, with the model's tokenizer
     tokenizer = load_tokenizer(cfg.model)
     texts = [
@@ -127,7 +112,7 @@ def run_serve_bench(cfg: ServeBenchConfig, on_done: Callable[[], None]) -> dict:
     for label in cfg.labels[1:]:
         pair = {"config": label, "versus": cfg.labels[0]}
         for key in ("itl_p99_ms", "ttft_p99_ms", "req_s"):
-            pair |= report.paired(key, [r[key] for r in rounds[label]], [r[key] for r in first])
+            pair |= common.paired(key, rounds[label], first, key)
         pairs.append(pair)
     return {"rows": rows, "pairs": pairs, "optimal_hit_rate": optimal}
 
@@ -174,23 +159,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "joined by '+'",
         "url_model": "the model name --url servers expect",
     }
-    report.add_options(p, ServeBenchConfig, "page_size configs rounds url_model", True, **helps)
+    common.add_options(p, ServeBenchConfig, "page_size configs rounds url_model", True, **helps)
     names = "requests concurrency request_rate max_tokens system_prompts seed"
-    report.add_fields(p, ChatLoad, names, request_rate="req/s, Poisson; inf: at once")
+    common.add_fields(p, ChatLoad, names, request_rate="req/s, Poisson; inf: at once")
     p.add_argument("--url", action="append", default=[], help="also load this server")
     p.add_argument("--url-label", action="append", default=[], help="its label (per --url)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.progress import Progress
-
-    load = report.configure(ChatLoad, args, {"requests": 8, "max_tokens": 4})
+    load = common.configure(ChatLoad, args, {"requests": 8, "max_tokens": 4})
     labels = args.url_label + [f"url{i}" for i in range(len(args.url_label), len(args.url))]
     urls = tuple(zip(labels, args.url, strict=True))
-    cfg = report.configure(ServeBenchConfig, args, {"model": "tiny"}, load=load, urls=urls)
-    with Progress(transient=True) as progress:
-        task = progress.add_task("bench serve", total=load.requests * len(cfg.labels) * cfg.rounds)
-        data = run_serve_bench(cfg, lambda: progress.advance(task))
+    cfg = common.configure(ServeBenchConfig, args, {"model": "tiny"}, load=load, urls=urls)
+    total = load.requests * len(cfg.labels) * cfg.rounds
+    data = common.with_progress(
+        "bench serve", total, lambda step: run_serve_bench(cfg, lambda: step("bench serve"))
+    )
     rate = "all at once" if load.request_rate == float("inf") else f"{load.request_rate:g} req/s"
     print(
         f"{cfg.model} over HTTP: {load.requests} streamed chats under {load.system_prompts} "
@@ -199,11 +183,9 @@ def run(args: argparse.Namespace) -> int:
     )
 
     def chart(path: str) -> None:  # the prefill budget's trade: ITL against TTFT
-        report.plot(
-            path, data["rows"], "ttft_p99_ms", ["itl_p99_ms"], "config", logx=True, logy=True
-        )
+        plot(path, data["rows"], "ttft_p99_ms", ["itl_p99_ms"], "config", logx=True, logy=True)
 
-    failed = report.finish(args, cfg, data, TABLES, chart)
+    failed = finish(args, cfg, data, TABLES, chart)
     for r in data["rows"]:
         if r["errors"] or r.get("invariants", "ok") != "ok" or r.get("shutdown") == "FAILED":
             why = r["first_error"] or f"invariants {r['invariants']}, shutdown {r['shutdown']}"

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from radixserve.bench.serving_bench import ServingBenchConfig, run_serving_bench
+from radixserve.bench.workloads_bench import ServingBenchConfig, run_serving_bench
 from radixserve.cli import main
 
 

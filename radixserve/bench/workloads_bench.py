@@ -11,18 +11,18 @@ rounds' time ratios and their min-max.
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 import torch
 
-from radixserve.bench import report
-from radixserve.bench.report import Column, Step, TableSpec, num, pct, times
+from radixserve.bench import common
+from radixserve.bench.common import Step
 from radixserve.bench.transformers_peer import run_transformers, transformers_twin
 from radixserve.bench.workloads import SERVING_WORKLOADS, Workload, make_workload
 from radixserve.engine import Engine, SamplingParams, compute_thread
+from radixserve.tables import Column, TableSpec, finish, num, pct, plot, times
 
 ENGINE_CONFIGS: dict[str, dict] = {
     "radix-lpm": {"cache_index": "radix", "schedule_policy": "lpm"},
@@ -53,16 +53,8 @@ class ServingBenchConfig:
     warm: bool = False  # time a second pass over what the first one cached
 
     def __post_init__(self) -> None:
-        for name in self.workloads:
-            if name not in SERVING_WORKLOADS:
-                raise ValueError(
-                    f"unknown workload {name!r}; choose from {list(SERVING_WORKLOADS)}"
-                )
-        for name in self.configs:
-            if name not in ENGINE_CONFIGS and name not in PEERS:
-                raise ValueError(
-                    f"unknown config {name!r}; choose from {[*ENGINE_CONFIGS, *PEERS]}"
-                )
+        common.check_choices("workload", self.workloads, SERVING_WORKLOADS)
+        common.check_choices("config", self.configs, [*ENGINE_CONFIGS, *PEERS])
 
 
 def run_engine(engine: Engine, workload: Workload, label: str, warm: bool = False) -> dict:
@@ -83,20 +75,16 @@ def run_engine(engine: Engine, workload: Workload, label: str, warm: bool = Fals
 
     if warm:
         send()
-    before = engine.cache_stats()
-    start = time.perf_counter()
-    metas = send()
-    seconds = time.perf_counter() - start
-    after = engine.cache_stats()
+    metas, seconds, grown = common.timed(engine, send)
+    lookup_p50_us = engine.cache_stats()["lookup_p50_us"]
     engine.check_invariants()
     ttft = [m["ttft_s"] for m in metas]
-    decode_s = after["decode_s"] - before["decode_s"]
-    decode_tokens = after["decode_tokens"] - before["decode_tokens"]
+    decode_s = grown["decode_s"]
     return workload.row(label, seconds, sum(m["cached_tokens"] for m in metas)) | {
-        "decode_tok_s": decode_tokens / decode_s if decode_s else float("nan"),
+        "decode_tok_s": grown["decode_tokens"] / decode_s if decode_s else float("nan"),
         "ttft_p50_s": float(np.percentile(ttft, 50)),
         "ttft_p99_s": float(np.percentile(ttft, 99)),
-        "lookup_p50_us": after["lookup_p50_us"],
+        "lookup_p50_us": lookup_p50_us,
     }
 
 
@@ -137,7 +125,7 @@ def run_serving_bench(cfg: ServingBenchConfig, step: Step = lambda label: None) 
             # each workload starts from a different configuration, so none is always first
             shift = index % len(cfg.configs)
             rounds: dict[str, list[dict]] = {}
-            for label in report.alternating(cfg.configs[shift:] + cfg.configs[:shift], cfg.rounds):
+            for label in common.alternating(cfg.configs[shift:] + cfg.configs[:shift], cfg.rounds):
                 if label in engines:
                     row = run_engine(engines[label], work, label, cfg.warm)
                 elif label == "transformers":
@@ -149,7 +137,7 @@ def run_serving_bench(cfg: ServingBenchConfig, step: Step = lambda label: None) 
                 step(f"{name}: {label}")
             first = rounds.get(cfg.configs[0])
             for label in (c for c in cfg.configs if c in rounds):
-                row = report.median_round(rounds[label])
+                row = common.median_round(rounds[label])
                 row |= {"round_seconds": [r["seconds"] for r in rounds[label]]}
                 row |= {"optimal_hit_rate": optimal[name]}
                 row |= {"of_optimal": row["hit_rate"] / optimal[name] if optimal[name] else None}
@@ -166,7 +154,7 @@ def run_serving_bench(cfg: ServingBenchConfig, step: Step = lambda label: None) 
 
 def _pair(workload: str, label: str, vs: str, mine: list[dict], first: list[dict]) -> dict:
     """``label``'s time over the first configuration's, round by round."""
-    ratio = report.paired("ratio", [r["seconds"] for r in mine], [r["seconds"] for r in first])
+    ratio = common.paired("ratio", mine, first, "seconds")
     ratio["time_ratio"] = ratio.pop("ratio")
     prefill = mine[0]["prefill_tokens"] / max(first[0]["prefill_tokens"], 1)
     row = {"workload": workload, "config": label, "vs": vs, "rounds": len(mine)}
@@ -218,16 +206,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "warm": "time a pass over what a first one cached",
         "vllm_python": "python of a venv with vllm, for the vllm config",
     }
-    report.add_options(p, ServingBenchConfig, names, plot=True, **helps)
+    common.add_options(p, ServingBenchConfig, names, plot=True, **helps)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = report.configure(ServingBenchConfig, args, {"scale": 0.25})
+    cfg = common.configure(ServingBenchConfig, args, {"scale": 0.25})
     total = len(cfg.workloads) * cfg.rounds * len(cfg.configs)
-    result = report.with_progress("bench serving", total, lambda step: run_serving_bench(cfg, step))
+    result = common.with_progress("bench serving", total, lambda step: run_serving_bench(cfg, step))
 
     def chart(path: str) -> None:
         rows = [r | {"bar": f"{r['workload']}, {r['config']}"} for r in result["rows"]]
-        report.plot(path, rows, "bar", ["req_s", "hit_rate"], "bar", bars=True)
+        plot(path, rows, "bar", ["req_s", "hit_rate"], "bar", bars=True)
 
-    return report.finish(args, cfg, result, TABLES, chart)
+    return finish(args, cfg, result, TABLES, chart)

@@ -18,10 +18,10 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
-from radixserve.bench.report import Column, num, pct, print_table, times
-from radixserve.bench.workloads import optimal_hit_rate
 from radixserve.engine import Engine, SamplingParams
 from radixserve.model.pull import PullError, pull
+from radixserve.sim.optimal import optimal_hit_rate
+from radixserve.tables import Column, num, pct, print_table, times
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 FALLBACK_MODEL = "bench-135m"  # random weights: the same shape, no download
