@@ -57,7 +57,7 @@ class TreeShape:
         return cls(name, max(1, tree_tokens // per_prompt), prompt_len, convs, turn_len)
 
 
-# The workload ../shared/peers.md timed SGLang's trees on: 100 prompts of 4096 tokens, 20
+# The workload docs/peers.md timed SGLang's trees on: 100 prompts of 4096 tokens, 20
 # conversations of 400 under each, queries hitting 4296 tokens.
 PEER_SHAPE = TreeShape("peers.md workload (1.2M)", 100, 4096, 20, 200)
 

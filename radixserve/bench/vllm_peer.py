@@ -1,6 +1,6 @@
 """vLLM (with automatic prefix caching) on serving workloads, in its own interpreter.
 
-vLLM lives in a virtual environment of its own (see ``../shared/peers.md``), never as a
+vLLM lives in a virtual environment of its own (see ``docs/peers.md``), never as a
 dependency of radixserve. ``VllmPeer`` runs this file with that environment's Python once
 per benchmark run, like a server that stays up: a workload goes in as one JSON line on its
 stdin, its timings come back as one JSON line. Each pass starts from an empty prefix cache.
