@@ -29,7 +29,8 @@ from radixserve.cpu import probe_cpu_profile
 from radixserve.memory import KVSlotAllocator
 from radixserve.memory.host_malloc import keep_freed_memory
 from radixserve.memory.kv_pool import KVPool
-from radixserve.model.loader import LoadedModel, load_model
+from radixserve.model.build import LoadedModel
+from radixserve.model.loader import load_model
 from radixserve.model.quantized_model import quantized_modules
 from radixserve.tables import Column, TableSpec, finish, num
 

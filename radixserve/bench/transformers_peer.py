@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from radixserve.bench.workloads import Workload
-from radixserve.model.loader import LoadedModel
+from radixserve.model.build import LoadedModel
 from radixserve.model.quantized_model import quantized_modules
 
 

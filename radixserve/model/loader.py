@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
-from radixserve.cpu.quant_linear import QuantMatrix
+from radixserve.model.build import LoadedModel, build_model
 from radixserve.model.config import ModelConfig
 from radixserve.model.gguf_loader import (
     gguf_tokenizer,
@@ -24,13 +23,12 @@ from radixserve.model.gguf_loader import (
     read_gguf,
 )
 from radixserve.model.llama import LlamaForCausalLM
+from radixserve.model.presets import load_preset, preset_hf_config, preset_tokenizer
 from radixserve.model.pull import radixserve_home
 from radixserve.model.quantized import FORMATS, QUANTIZE_KINDS
 from radixserve.model.quantized_model import (
     check_quantize,
-    install,
     quantize_model,
-    quantized_modules,
     stays_quantized,
     to_matrix,
 )
@@ -38,49 +36,6 @@ from radixserve.model.sources import resolve_model
 
 # Buffers some checkpoints carry that we recompute.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-@dataclass
-class LoadedModel:
-    model: LlamaForCausalLM
-    config: ModelConfig
-    hf_config: Any
-    tokenizer: Any
-    eos_token_ids: tuple[int, ...]
-    # tensors by the format the file stores them in (a GGUF's "Q4_1", "F32"...), before
-    # they were widened to the model's dtype; empty where the source does not say
-    file_formats: dict[str, int] = field(default_factory=dict)
-    file_bytes: int | None = None  # of the file's tensors; None where the source does not say
-
-    def weights(self) -> dict:
-        """The weights as served (dtype of the float ones, bytes of all, tensors kept
-        quantized by format) and as the file stored them."""
-        params = list(self.model.parameters())
-        quantized = quantized_modules(self.model).values()
-        return {
-            "dtype": str(params[0].dtype).removeprefix("torch."),
-            "bytes": sum(p.numel() * p.element_size() for p in params)
-            + sum(m.quant.nbytes for m in quantized),
-            "quantized": dict(Counter(m.quant.source for m in quantized)),
-            "file_formats": self.file_formats,
-            "file_bytes": self.file_bytes,
-        }
-
-
-def build_model(
-    hf_config: Any,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    quantized: dict[str, QuantMatrix] | None = None,
-) -> LlamaForCausalLM:
-    """An uninitialised model (storage allocated, values arbitrary) of ``hf_config``'s shape,
-    with the ``quantized`` weights (by parameter name) in place and no float storage for them."""
-    cfg = ModelConfig.from_hf(hf_config)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, hf_config)
-    if quantized:
-        install(model, quantized, dtype)
-    return model.to_empty(device=device).to(dtype).eval()
 
 
 def load_model(
@@ -92,8 +47,6 @@ def load_model(
     """Load what ``spec`` names (``radixserve.model.sources``): a preset, a named model, a
     GGUF file, a Hugging Face directory or model id. ``quantize``: which weights stay or
     become quantized (``model.quantized_model``)."""
-    from radixserve.model.presets import load_preset
-
     check_quantize(quantize, device)
     source = resolve_model(spec)
     if source.kind == "preset":
@@ -144,7 +97,6 @@ def load_gguf(
 
 def load_model_config(spec: str | Path) -> ModelConfig:
     """Only the shape of what ``spec`` names (no weights)."""
-    from radixserve.model.presets import preset_hf_config
 
     source = resolve_model(spec)
     if source.kind == "preset":
@@ -158,7 +110,6 @@ def load_model_config(spec: str | Path) -> ModelConfig:
 
 def load_tokenizer(spec: str | Path) -> Any:
     """Only the tokenizer of what ``spec`` names (None if it has none)."""
-    from radixserve.model.presets import preset_tokenizer
 
     source = resolve_model(spec)
     if source.kind == "preset":

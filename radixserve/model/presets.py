@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from radixserve.model.loader import LoadedModel, build_model
+from radixserve.model.build import LoadedModel, build_model
 from radixserve.model.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
 

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from radixserve.model.presets import PRESETS
 from radixserve.model.pull import NAMED_MODELS, pull
 
 _HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -32,8 +33,6 @@ class ModelSourceError(ValueError):
 
 def resolve_model(spec: str | Path, log=print) -> ModelSource:
     """Find (and for a named model, pull) what ``spec`` names."""
-    from radixserve.model.presets import PRESETS
-
     name = str(spec)
     if name in PRESETS:
         return ModelSource("preset", None, name)
