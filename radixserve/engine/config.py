@@ -28,7 +28,7 @@ class EngineConfig:
         },
     )
     page_size: int = field(
-        default=1,
+        default=16,
         metadata={"help": "tokens per KV page: the unit the prefix cache shares and evicts"},
     )
     max_total_tokens: int | None = field(

@@ -31,7 +31,8 @@ WEATHER = {
 
 @pytest.fixture(scope="module")
 def url(real_model_file):
-    engine = Engine(REAL_MODEL, check_invariants=True)
+    # one-token pages: a turn reuses every stored token but the last, exactly
+    engine = Engine(REAL_MODEL, page_size=1, check_invariants=True)
     srv, thread, url = _serve(create_app(engine, REAL_MODEL, api_keys=KEYS))
     yield url
     srv.should_exit = True

@@ -28,7 +28,7 @@ FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
 # a field: the words after its flag, and the value they give (each unlike the default)
 VALUES: dict[str, tuple[list[str], object]] = {
     "model": (["smollm2-135m-instruct"], "smollm2-135m-instruct"),
-    "page_size": (["16"], 16),
+    "page_size": (["4"], 4),
     "max_total_tokens": (["4096"], 4096),
     "mem_fraction": (["0.5"], 0.5),
     "max_running_requests": (["8"], 8),
@@ -86,7 +86,7 @@ def test_every_field_has_a_serve_flag_and_help():
 
 def test_the_flags_defaults_are_the_configs():
     assert engine_config(serve_args()) == EngineConfig()
-    assert serve_args().page_size == EngineConfig().page_size == 1
+    assert serve_args().page_size == EngineConfig().page_size == 16
 
 
 def test_each_flag_gives_its_field_in_the_config_built():
