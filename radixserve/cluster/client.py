@@ -96,6 +96,16 @@ class ClusterEngine(ChatTemplating, EngineClient):
 
     # ---- the replicas' state (called on worker threads) ----------------------------------
 
+    @property
+    def cpu_profile(self) -> None:
+        """None: each replica chose its own CPU paths (its ``/server_info`` says which)."""
+        return None
+
+    @property
+    def weights(self) -> dict:
+        """Empty: the front door loads no weights."""
+        return {}
+
     def replicas(self) -> dict[str, dict]:
         """Each live replica's latest summary (cache stats, load, digest size)."""
         return ray.get(self.directory.replicas.remote())

@@ -79,6 +79,7 @@ class EngineClient(Protocol):
 
     async def check_grammar(self, sampling_params: SamplingParams) -> None:
         """``ValueError`` with the compiler's reason when the grammar does not compile."""
+        ...
 
     def apply_chat_template(
         self,
@@ -101,11 +102,12 @@ class EngineClient(Protocol):
     def cpu_profile(self) -> CpuProfile | None:
         """The CPU paths the model runs on (None on a GPU, or where replicas each have
         their own)."""
+        ...
 
     @property
     def weights(self) -> dict:
         """The model's weights as served and as stored (empty where not known)."""
-        return {}
+        ...
 
     def cache_stats(self) -> dict: ...
 

@@ -1,7 +1,7 @@
 """What the engine hands back: a finished request's output, and a stream's chunks.
 
-Both are built on the scheduler thread, between two steps, and handed over as fresh dicts
-it never touches again: nothing on the caller's side reads a ``Req``.
+Both are built by the thread that runs the engine's steps, right after one, and handed over
+as fresh dicts it never touches again: nothing on the caller's side reads a ``Req``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from radixserve.chat.held_back import stable_text
 from radixserve.engine.req import Req
 
-# called on the scheduler thread with the request and whether it finished
+# called after a step, by the thread that ran it, with the request and whether it finished
 Listener = Callable[[Req, bool], None]
 
 
@@ -60,8 +60,8 @@ def prompt_logprobs(req: Req) -> dict:
 
 
 class StreamCursor:
-    """What one request's stream has sent so far; used on the scheduler thread, after each
-    step that gave the request tokens."""
+    """What one request's stream has sent so far; used by the engine's step thread after
+    each step that gave the request tokens."""
 
     def __init__(self, req: Req, index: int) -> None:
         self.req, self.index = req, index
@@ -72,7 +72,7 @@ class StreamCursor:
         become a stop string waits); ``None`` when there is nothing new."""
         req = self.req
         ids = req.output_ids[self.tokens :]
-        if req.params.return_logprob:  # a verified draft's tokens get theirs just after
+        if req.params.return_logprob:  # never a token ahead of its logprobs
             ids = ids[: max(0, len(req.logprobs.output) - self.tokens)]
         text = req.text if done else stable_text(req.text, req.params.stop)
         if not ids and not done:
@@ -102,16 +102,16 @@ async def stream_outputs(
     stopping: Callable[[], bool],
     prepare: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[dict]:
-    """Submit ``reqs`` (after awaiting ``prepare``) and yield their chunks, built on the
-    scheduler thread as it advances them and passed through one queue on the caller's loop;
-    closing early aborts the unfinished ones."""
+    """Submit ``reqs`` (after awaiting ``prepare``) and yield their chunks, built by the
+    engine's step thread as it advances them and passed through one queue on the caller's
+    loop; closing early aborts the unfinished ones."""
     if prepare is not None:
         await prepare()
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[int, dict | None, bool]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, dict, bool]] = asyncio.Queue()
 
     def listener(index: int, cursor: StreamCursor) -> Listener:
-        def notify(_: Req, done: bool) -> None:  # on the scheduler thread
+        def notify(_: Req, done: bool) -> None:  # on the engine's step thread
             chunk = cursor.chunk(done)
             if chunk is None:
                 return
