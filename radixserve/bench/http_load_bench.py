@@ -27,6 +27,7 @@ from radixserve.tables import Column, TableSpec, finish, num, pct, plot, times
 
 FLAGS = {"mixed": [], "alternating": ["--no-mixed-batches"], "off": ["--disable-prefix-cache"]}
 VALUED = {"chunk": "--chunked-prefill-size", "itl": "--itl-target-ms", "ratio": "--itl-ratio"}
+VALUED |= {"page": "--page-size"}  # after the command's own --page-size, so it wins
 WORDS = {"quantize": ("--quantize", ("none", "auto", "int8", "int4"))}
 
 
@@ -103,7 +104,8 @@ def run_serve_bench(cfg: ServeBenchConfig, on_done: Callable[[], None]) -> dict:
         for chat in cfg.load.chats()
     ]
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
-    optimal = optimal_hit_rate(((p, None) for p in ids), cfg.page_size)
+
+    optimal = optimal_hit_rate(((p, None) for p in ids), cfg.page_size)  # any page size
     rows = [
         median_row(label, runs) | {"optimal_hit_rate": optimal} for label, runs in rounds.items()
     ]

@@ -89,6 +89,7 @@ def test_bench_serve_labels_name_server_flags():
         "256",
     ]
     assert server_flags("itl=250") == ["--itl-target-ms", "250"]
+    assert server_flags("page=1") == ["--page-size", "1"]
     for bad in ("fast", "chunk=", "itl=soon"):
         with pytest.raises(ValueError):
             server_flags(bad)
