@@ -6,7 +6,10 @@ shared and noisy, nothing finer is claimed from it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields, replace
@@ -90,6 +93,23 @@ def run_rounds(
         out[label].append(run(label))
         step(label)
     return out
+
+
+@contextlib.contextmanager
+def busy_neighbour(active: bool = True):
+    """For the block's length, one process spinning at the lowest priority in a session of
+    its own, as a user's browser tab or build would (``nice`` does not reach across sessions:
+    the kernel shares the CPUs between them first); ended after."""
+    if not active:
+        yield
+        return
+    spin = [sys.executable, "-c", "while True: pass"]
+    proc = subprocess.Popen(["nice", "-n", "19", *spin], start_new_session=True)
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def time_alternating(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:

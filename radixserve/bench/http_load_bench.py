@@ -7,7 +7,9 @@ child process (or any OpenAI-compatible server given by ``--url``, vLLM's for in
 configurations alternate round by round. A label names server flags, joined by ``+``:
 ``mixed`` (the defaults), ``alternating`` (``--no-mixed-batches``), ``off`` (no prefix
 cache), ``chunk=N`` (``--chunked-prefill-size``), ``itl=MS`` (``--itl-target-ms``), ``ratio=R``
-(``--itl-ratio``; 0: none), ``quantize=Q`` (``--quantize``: none, auto, int8, int4). Rows
+(``--itl-ratio``; 0: none), ``quantize=Q`` (``--quantize``: none, auto, int8, int4),
+``neighbour`` (the load runs beside a busy process, ``common.busy_neighbour``; also after a
+``--url-label``). Rows
 are each figure's median over the rounds; pairs compare each configuration with the first,
 round by round. After each run the server audits its cache accounting and stops on SIGTERM.
 """
@@ -29,6 +31,7 @@ FLAGS = {"mixed": [], "alternating": ["--no-mixed-batches"], "off": ["--disable-
 VALUED = {"chunk": "--chunked-prefill-size", "itl": "--itl-target-ms", "ratio": "--itl-ratio"}
 VALUED |= {"page": "--page-size"}  # after the command's own --page-size, so it wins
 WORDS = {"quantize": ("--quantize", ("none", "auto", "int8", "int4"))}
+NEIGHBOUR = "neighbour"  # not a flag: the load runs beside a busy process
 
 
 def server_flags(label: str) -> list[str]:
@@ -36,6 +39,8 @@ def server_flags(label: str) -> list[str]:
     flags: list[str] = []
     for part in label.split("+"):
         name, _, value = part.partition("=")
+        if part == NEIGHBOUR:
+            continue
         if part in FLAGS:
             flags += FLAGS[part]
         elif name in VALUED and value:
@@ -46,7 +51,7 @@ def server_flags(label: str) -> list[str]:
         else:
             raise ValueError(
                 f"unknown configuration part {part!r} in {label!r}: use {sorted(FLAGS)}, "
-                f"{'/'.join(f'{k}=N' for k in VALUED)} or quantize=Q, joined by '+'"
+                f"{'/'.join(f'{k}=N' for k in VALUED)}, quantize=Q or {NEIGHBOUR}, joined by '+'"
             )
     return flags
 
@@ -77,14 +82,17 @@ class ServeBenchConfig:
 def run_one(cfg: ServeBenchConfig, label: str, on_done: Callable[[], None]) -> dict:
     """One round of one configuration: a server of ours (warmed, loaded, audited, stopped
     with SIGTERM) or one at a URL."""
+    busy = NEIGHBOUR in label.split("+")
     if url := dict(cfg.urls).get(label):
         flushed = "yes" if http_load.warm_and_flush(url, cfg.url_model) else "no"
-        return drive(url, cfg.load, cfg.url_model, on_done) | {"flushed": flushed}
+        with common.busy_neighbour(busy):
+            return drive(url, cfg.load, cfg.url_model, on_done) | {"flushed": flushed}
     args = ["--model", cfg.model, "--page-size", str(cfg.page_size)]
     args += ["--max-running-requests", str(cfg.load.concurrency), "--seed", str(cfg.load.seed)]
     with ServerProcess(args + server_flags(label)) as server:
         http_load.warm_and_flush(server.url, None)
-        row = drive(server.url, cfg.load, None, on_done)
+        with common.busy_neighbour(busy):
+            row = drive(server.url, cfg.load, None, on_done)
         audit = httpx.get(server.url + "/check_invariants", timeout=120.0).json()
         return row | {
             "invariants": "ok" if audit["ok"] else audit["error"],
@@ -158,7 +166,7 @@ TABLES = (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     helps = {
         "configs": "labels: mixed, alternating, off, chunk=N, itl=MS, ratio=R, quantize=Q, "
-        "joined by '+'",
+        "neighbour, joined by '+'",
         "url_model": "the model name --url servers expect",
     }
     common.add_options(p, ServeBenchConfig, "page_size configs rounds url_model", True, **helps)

@@ -6,7 +6,8 @@ libgomp manages more threads than there are CPUs and throttles its spin-waiting,
 parallel region wakes its workers through the kernel, and a second, idle engine slowed a
 busy one down by a large fraction (``docs/performance.md``). Routing all model
 work through one thread keeps one team; engines in one process then take turns step by
-step, as they would for the CPU anyway.
+step, as they would for the CPU anyway. Between jobs the thread's ``ThreadGovernor`` sizes
+the team to the CPUs it can have (``thread_governor.py``).
 """
 
 from __future__ import annotations
@@ -14,17 +15,24 @@ from __future__ import annotations
 import atexit
 import ctypes
 import functools
+import logging
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from radixserve.engine.team import TeamClock, probe_team
+from radixserve.engine.thread_governor import GovernorConfig, ThreadGovernor, adapting
+
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _jobs: queue.SimpleQueue[tuple[Callable[[], object], Future] | None] | None = None
 _thread: threading.Thread | None = None
+governor: ThreadGovernor | None = None  # the compute thread's, once it runs (None: fixed count)
+_fixed_team = 0  # the thread count, where no governor changes it
 
 
 def call(fn: Callable[[], T]) -> T:
@@ -38,6 +46,11 @@ def call(fn: Callable[[], T]) -> T:
     done: Future = Future()
     jobs.put((fn, done))
     return done.result()
+
+
+def team_size() -> int:
+    """The threads the compute thread's parallel regions use now (0 before it has run)."""
+    return governor.threads if governor is not None else _fixed_team
 
 
 def release_caller_team() -> None:
@@ -79,12 +92,48 @@ def _start() -> queue.SimpleQueue | None:
 
 
 def _serve(jobs: queue.SimpleQueue) -> None:
+    global governor
+    governor = _governor()
     while (job := jobs.get()) is not None:
         fn, done = job
+        _govern("before_job")
         try:
             done.set_result(fn())
         except BaseException as exc:  # handed to the caller, which raises it
             done.set_exception(exc)
+        _govern("after_job")
+
+
+def _govern(when: str) -> None:
+    """The governor's turn between jobs; should it fail, the count stays as it is and the
+    thread goes on serving jobs."""
+    global governor, _fixed_team
+    if governor is None:
+        return
+    try:
+        getattr(governor, when)()
+    except Exception:
+        logger.exception("the thread governor failed; the thread count stays %d", governor.threads)
+        governor, _fixed_team = None, governor.threads
+
+
+def _governor() -> ThreadGovernor | None:
+    """The compute thread's governor, where the kernel reports the team's waits and the count
+    may adapt; on the compute thread, which names itself for the team's workers to inherit."""
+    global _fixed_team
+    import torch
+
+    if not adapting() or (clock := TeamClock.open()) is None:
+        _fixed_team = torch.get_num_threads()
+        return None
+    config = GovernorConfig()
+    return ThreadGovernor(
+        torch.get_num_threads(),
+        clock.waited_ns,
+        torch.set_num_threads,
+        lambda threads: probe_team(clock, threads, config.probe_s),
+        config,
+    )
 
 
 def _stop() -> None:

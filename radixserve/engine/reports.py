@@ -10,6 +10,7 @@ import numpy as np
 from radixserve.cache import BasePrefixCache, RadixCache
 from radixserve.cache.digest import tree_digest
 from radixserve.cpu import CpuProfile
+from radixserve.engine import compute_thread
 from radixserve.engine.metrics import EngineMetrics
 from radixserve.engine.req import Req
 from radixserve.engine.scheduler.scheduler import Scheduler
@@ -81,6 +82,7 @@ def stats_snapshot(metrics: EngineMetrics, cache: BasePrefixCache, scheduler: Sc
         "memory_dedup_ratio": dedup_ratio(scheduler.running),
         "running": len(scheduler.running),
         "waiting": len(scheduler.waiting),
+        "compute_threads": compute_thread.team_size(),
     }
 
 

@@ -84,6 +84,11 @@ class _EngineCollector:
                 "draft tokens accepted per verifying step",
                 s["mean_accepted_length"],
             ),
+            "radixserve_compute_threads": (
+                "threads the model's parallel regions use now (fewer while another process "
+                "keeps a core busy)",
+                s["compute_threads"],
+            ),
             "radixserve_memory_dedup_ratio": (
                 "context tokens of running requests per distinct KV slot",
                 s["memory_dedup_ratio"],
