@@ -212,12 +212,14 @@ class ServerProcess:
     interpreter, signals and exit code), once ``/health`` answers; ``stop`` sends SIGTERM.
     Output goes to a file so a chatty server never blocks on a pipe."""
 
-    def __init__(self, args: Sequence[str], startup_timeout_s: float = 180.0) -> None:
+    def __init__(
+        self, args: Sequence[str], startup_timeout_s: float = 180.0, env: dict | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         fd, self.log_path = tempfile.mkstemp(prefix="radixserve-", suffix=".log")
         cmd = [sys.executable, "-m", "radixserve.cli", "serve", "--port", str(self.port), *args]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
         os.close(fd)
         deadline = time.monotonic() + startup_timeout_s

@@ -9,7 +9,7 @@ configurations alternate round by round. A label names server flags, joined by `
 cache), ``chunk=N`` (``--chunked-prefill-size``), ``itl=MS`` (``--itl-target-ms``), ``ratio=R``
 (``--itl-ratio``; 0: none), ``quantize=Q`` (``--quantize``: none, auto, int8, int4),
 ``neighbour`` (the load runs beside a busy process, ``common.busy_neighbour``; also after a
-``--url-label``). Rows
+``--url-label``), ``fixed-threads`` (the server keeps torch's thread count). Rows
 are each figure's median over the rounds; pairs compare each configuration with the first,
 round by round. After each run the server audits its cache accounting and stops on SIGTERM.
 """
@@ -32,6 +32,7 @@ VALUED = {"chunk": "--chunked-prefill-size", "itl": "--itl-target-ms", "ratio": 
 VALUED |= {"page": "--page-size"}  # after the command's own --page-size, so it wins
 WORDS = {"quantize": ("--quantize", ("none", "auto", "int8", "int4"))}
 NEIGHBOUR = "neighbour"  # not a flag: the load runs beside a busy process
+FIXED = "fixed-threads"  # not a flag: RADIXSERVE_ADAPT_THREADS=0 (thread_governor.py)
 
 
 def server_flags(label: str) -> list[str]:
@@ -39,7 +40,7 @@ def server_flags(label: str) -> list[str]:
     flags: list[str] = []
     for part in label.split("+"):
         name, _, value = part.partition("=")
-        if part == NEIGHBOUR:
+        if part in (NEIGHBOUR, FIXED):
             continue
         if part in FLAGS:
             flags += FLAGS[part]
@@ -51,7 +52,8 @@ def server_flags(label: str) -> list[str]:
         else:
             raise ValueError(
                 f"unknown configuration part {part!r} in {label!r}: use {sorted(FLAGS)}, "
-                f"{'/'.join(f'{k}=N' for k in VALUED)}, quantize=Q or {NEIGHBOUR}, joined by '+'"
+                f"{'/'.join(f'{k}=N' for k in VALUED)}, quantize=Q, {NEIGHBOUR} or {FIXED}, "
+                "joined by '+'"
             )
     return flags
 
@@ -89,7 +91,8 @@ def run_one(cfg: ServeBenchConfig, label: str, on_done: Callable[[], None]) -> d
             return drive(url, cfg.load, cfg.url_model, on_done) | {"flushed": flushed}
     args = ["--model", cfg.model, "--page-size", str(cfg.page_size)]
     args += ["--max-running-requests", str(cfg.load.concurrency), "--seed", str(cfg.load.seed)]
-    with ServerProcess(args + server_flags(label)) as server:
+    env = {"RADIXSERVE_ADAPT_THREADS": "0"} if FIXED in label.split("+") else None
+    with ServerProcess(args + server_flags(label), env=env) as server:
         http_load.warm_and_flush(server.url, None)
         with common.busy_neighbour(busy):
             row = drive(server.url, cfg.load, None, on_done)
@@ -166,7 +169,7 @@ TABLES = (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     helps = {
         "configs": "labels: mixed, alternating, off, chunk=N, itl=MS, ratio=R, quantize=Q, "
-        "neighbour, joined by '+'",
+        "neighbour, fixed-threads, joined by '+'",
         "url_model": "the model name --url servers expect",
     }
     common.add_options(p, ServeBenchConfig, "page_size configs rounds url_model", True, **helps)

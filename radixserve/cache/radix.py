@@ -217,7 +217,8 @@ class RadixCache(RadixEdges, BasePrefixCache):
         self._evictable_size -= freed
         self._evicted_tokens += freed
         if self.allocator is not None and freed_slots:
-            self.allocator.free(np.concatenate(freed_slots))
+            one = len(freed_slots) == 1  # one leaf: its own array (numpy's cost is per call)
+            self.allocator.free(freed_slots[0] if one else np.concatenate(freed_slots))
         return freed
 
     def reset(self) -> None:

@@ -25,8 +25,9 @@ def encode_tokens(tokens: Sequence[int] | np.ndarray) -> bytes:
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise ValueError(f"token ids must be a 1-D sequence of ints, got {arr.dtype} {arr.shape}")
     if arr.dtype == np.int32:
-        # One reduction: negative int32 ids read as uint32 exceed the largest valid id.
-        out_of_range = arr.view(np.uint32).max() > _MAX_TOKEN_ID
+        # One reduction: negative int32 ids read as uint32 exceed the largest valid id. The
+        # ufunc's own, not ``.max()``, which goes through a Python function first.
+        out_of_range = np.maximum.reduce(arr.view(np.uint32)) > _MAX_TOKEN_ID
     else:
         out_of_range = arr.min() < 0 or arr.max() > _MAX_TOKEN_ID
     if out_of_range:

@@ -76,10 +76,9 @@ class KVSlotAllocator:
         Raises ``ValueError`` and frees nothing when a slot is out of range or listed twice,
         or its page is not allocated.
         """
-        slots = self._checked(slots)
-        if np.unique(slots).size != slots.size:
-            raise ValueError("the same slot is listed twice")
-        pages = np.unique(slots // self.page_size)
+        if self._free_one_page(slots):
+            return
+        pages = self._pages_of(self._checked(slots))
         if not self._allocated[pages].all():
             bad = pages[~self._allocated[pages]][:8].tolist()
             raise ValueError(f"freeing pages that are not allocated: {bad}")
@@ -87,6 +86,27 @@ class KVSlotAllocator:
         top = self._num_free_pages
         self._free_pages[top : top + pages.size] = pages[::-1]
         self._num_free_pages = top + pages.size
+
+    def _free_one_page(self, slots: np.ndarray | list[int]) -> bool:
+        """Free exactly one allocated page's slots, in order (the tree evicting a one-page
+        leaf), with Python scalars: on arrays this small numpy's cost per call is what counts.
+        False, having changed nothing, for anything else."""
+        size = self.page_size
+        if not isinstance(slots, np.ndarray) or slots.shape != (size,) or slots.dtype.kind != "i":
+            return False
+        ids = slots.tolist()
+        first = ids[0]
+        if first % size or not 0 <= first < self.capacity:
+            return False
+        if size > 1 and ids != list(range(first, first + size)):
+            return False
+        page = first // size
+        if not self._allocated[page]:
+            return False  # the general path names the page
+        self._allocated[page] = False
+        self._free_pages[self._num_free_pages] = page
+        self._num_free_pages += 1
+        return True
 
     def is_allocated(self, slots: np.ndarray | list[int]) -> bool:
         """True when every slot lies in range and in an allocated page."""
@@ -106,12 +126,36 @@ class KVSlotAllocator:
         self._num_free_pages = self.num_pages
         self._allocated = np.zeros(self.num_pages, dtype=bool)
 
+    def _pages_of(self, slots: np.ndarray) -> np.ndarray:
+        """The distinct pages ``slots`` lie in; raises if a slot is listed twice. Whole pages
+        slot by slot in order (what ``alloc`` hands out and the tree keeps, a leaf's page at a
+        time when it evicts) take one comparison; any other list, a sort."""
+        size = self.page_size
+        if slots.size % size == 0:
+            rows = slots.reshape(-1, size)
+            pages = rows[:, 0] // size
+            in_order = size == 1 or (rows == pages[:, None] * size + self._page_offsets).all()
+            if in_order and (pages.size == 1 or _distinct(pages)):
+                return pages
+        if np.unique(slots).size != slots.size:
+            raise ValueError("the same slot is listed twice")
+        return np.unique(slots // size)
+
     def _checked(self, slots: np.ndarray | list[int]) -> np.ndarray:
         slots = np.asarray(slots)
         if slots.size == 0:
             return np.empty(0, dtype=np.int64)
         if slots.ndim != 1 or slots.dtype.kind not in "iu":
             raise ValueError("slots must be a 1-D sequence of integers")
-        if slots.min() < 0 or slots.max() >= self.capacity:
+        # One reduction: a negative slot read as unsigned is past any capacity.
+        if np.maximum.reduce(slots.view(slots.dtype.str.replace("i", "u"))) >= self.capacity:
             raise ValueError(f"slot out of range [0, {self.capacity})")
         return slots
+
+
+def _distinct(values: np.ndarray) -> bool:
+    """No value twice: array methods only (``np.unique`` costs several µs of Python per call
+    on a few values)."""
+    ordered = values.copy()
+    ordered.sort()
+    return bool((ordered[1:] != ordered[:-1]).all())

@@ -90,7 +90,7 @@ def test_bench_serve_labels_name_server_flags():
     ]
     assert server_flags("itl=250") == ["--itl-target-ms", "250"]
     assert server_flags("page=1") == ["--page-size", "1"]
-    assert server_flags("mixed+neighbour") == []  # a condition of the run, not a flag
+    assert server_flags("mixed+neighbour+fixed-threads") == []  # conditions of the run
     for bad in ("fast", "chunk=", "itl=soon"):
         with pytest.raises(ValueError):
             server_flags(bad)
