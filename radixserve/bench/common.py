@@ -95,6 +95,17 @@ def run_rounds(
     return out
 
 
+# Spins until its parent (this process) is gone, even if that one is killed before it can
+# end the spinner: a session of its own takes it out of the reach of the parent's signals.
+_SPIN = """
+import os
+parent = os.getppid()
+while os.getppid() == parent:
+    for _ in range(1_000_000):
+        pass
+"""
+
+
 @contextlib.contextmanager
 def busy_neighbour(active: bool = True):
     """For the block's length, one process spinning at the lowest priority in a session of
@@ -103,8 +114,8 @@ def busy_neighbour(active: bool = True):
     if not active:
         yield
         return
-    spin = [sys.executable, "-c", "while True: pass"]
-    proc = subprocess.Popen(["nice", "-n", "19", *spin], start_new_session=True)
+    spin = ["nice", "-n", "19", sys.executable, "-c", _SPIN]
+    proc = subprocess.Popen(spin, start_new_session=True)
     try:
         yield
     finally:
