@@ -28,8 +28,8 @@ from pathlib import Path
 from radixserve.cpu.profile import CpuProfile
 from radixserve.tables import Column, machine, markdown_table
 
-SECTIONS = ("demo", "serving", "vllm", "serve", "page", "model", "quantized", "kernels")
-SECTIONS += ("cache", "simulate", "tiers", "cluster", "lang", "structured", "spec")
+SECTIONS = ("demo", "serving", "vllm", "serve", "page", "neighbour", "model", "quantized")
+SECTIONS += ("kernels", "cache", "simulate", "tiers", "cluster", "lang", "structured", "spec")
 MARK = re.compile(r"^<!-- table (.*) -->$", re.MULTILINE)
 NOT_MEASURED = "(not measured yet: run the command above)"
 
