@@ -96,22 +96,22 @@ def _serve(jobs: queue.SimpleQueue) -> None:
     governor = _governor()
     while (job := jobs.get()) is not None:
         fn, done = job
-        _govern("before_job")
+        _govern(ThreadGovernor.before_job)
         try:
             done.set_result(fn())
         except BaseException as exc:  # handed to the caller, which raises it
             done.set_exception(exc)
-        _govern("after_job")
+        _govern(ThreadGovernor.after_job)
 
 
-def _govern(when: str) -> None:
+def _govern(turn: Callable[[ThreadGovernor], None]) -> None:
     """The governor's turn between jobs; should it fail, the count stays as it is and the
     thread goes on serving jobs."""
     global governor, _fixed_team
     if governor is None:
         return
     try:
-        getattr(governor, when)()
+        turn(governor)
     except Exception:
         logger.exception("the thread governor failed; the thread count stays %d", governor.threads)
         governor, _fixed_team = None, governor.threads

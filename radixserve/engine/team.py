@@ -62,8 +62,8 @@ class TeamClock:
         self._tids = tids
 
     def waited_ns(self) -> int:
-        """Nanoseconds the team's tasks have spent runnable but not running, in all (the
-        team as it is now: a window's two readings must see the same tasks)."""
+        """Nanoseconds the team's tasks as they are now have spent runnable but not running,
+        in all (a worker started between two readings adds its few waits to the second)."""
         self.refresh()
         total = 0
         for tid in self._tids:

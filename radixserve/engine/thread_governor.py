@@ -87,11 +87,8 @@ class ThreadGovernor:
             fewer = max(1, self.threads - max(1, round(waiting)))
             # A thread a probe just added that crowds the team at once: wait longer next time.
             recent = self._raised_at is not None and now - self._raised_at < 4 * self._backoff
-            self._backoff = (
-                min(2 * self._backoff, self.config.max_probe_s)
-                if recent
-                else (self.config.first_probe_s)
-            )
+            doubled = min(2 * self._backoff, self.config.max_probe_s)
+            self._backoff = doubled if recent else self.config.first_probe_s
             self._raised_at = None
             logger.info(
                 "compute threads %d -> %d: %.1f of them waited for a CPU (another process is "
